@@ -1,0 +1,16 @@
+"""kvbound: optimal batch schedules and certified latency lower bounds for LLM inference under a KV-cache limit.
+
+Data flows one way: case file -> `Instance` -> scheduler or formulation + solver ->
+`Schedule` -> `validate` / metrics -> report, plot or replay.
+"""
+from .costs import CostModel
+from .errors import InputError, KvboundError
+from .schedule import Batch, Metrics, Schedule, ScheduleError, validate
+from .schedulers import SCHEDULERS, get_scheduler, run_scheduler, simulate
+from .workload import Instance, Request, SystemConfig, load_case, load_trace
+
+__version__ = "0.1.0"
+
+__all__ = ["CostModel", "InputError", "KvboundError", "Batch", "Metrics", "Schedule", "ScheduleError", "validate",
+           "SCHEDULERS", "get_scheduler", "run_scheduler", "simulate", "Instance", "Request", "SystemConfig",
+           "load_case", "load_trace"]

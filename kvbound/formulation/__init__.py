@@ -1,0 +1,1 @@
+"""Integer-programming formulations of optimal scheduling (filled by the solver work)."""

@@ -1,0 +1,374 @@
+"""Schedules and the semantics that say what a schedule does (docs/semantics.md).
+
+`ReplayState.apply` is the single implementation of one batch under the semantics:
+the validator replays a whole schedule with it, the simulator builds schedules
+through it, and the MILP and the executor are tested against it.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .errors import InputError, KvboundError
+from .workload import Instance, Request
+
+_TIME_EPS = 1e-9
+
+
+class ScheduleError(KvboundError):
+    """A schedule breaks a rule; `batch` and `request` locate it (None where not applicable)."""
+
+    def __init__(self, batch: int | None, request: int | None, problem: str):
+        self.batch, self.request, self.problem = batch, request, problem
+        where = []
+        if batch is not None:
+            where.append(f"batch {batch}")
+        else:
+            where.append("after the last batch")
+        if request is not None:
+            where.append(f"request {request}")
+        super().__init__(", ".join(where) + ": " + problem)
+
+
+@dataclass
+class Batch:
+    """One batch: tokens processed per request id (c >= 1) and the ids evicted before it runs."""
+
+    tokens: dict[int, int]
+    evict: tuple[int, ...] = ()
+    start: float | None = None  # the earliest time the scheduler lets it start; None: right after the previous
+
+    def to_json(self) -> dict:
+        out: dict = {}
+        if self.start is not None:
+            out["start"] = self.start
+        out["tokens"] = {str(i): c for i, c in self.tokens.items()}
+        out["evict"] = list(self.evict)
+        return out
+
+
+@dataclass
+class Schedule:
+    requests: tuple[Request, ...]
+    batches: list[Batch] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {
+            "requests": [
+                {"id": i, "prompt": r.prompt, "output": r.output, "arrival": r.arrival}
+                for i, r in enumerate(self.requests)
+            ],
+            "batches": [b.to_json() for b in self.batches],
+        }
+
+    def dump(self, path: str | Path) -> None:
+        write_json_atomic(path, self.to_json())
+
+    @classmethod
+    def from_json(cls, data, source: str = "<schedule>") -> "Schedule":
+        if not isinstance(data, dict):
+            raise InputError(source, "", "a schedule must be a JSON object")
+        for key in data:
+            if key not in ("requests", "batches"):
+                raise InputError(source, key, "unknown key; allowed: requests, batches")
+        reqs = data.get("requests")
+        if not isinstance(reqs, list):
+            raise InputError(source, "requests", "missing or not a list")
+        requests = []
+        for k, r in enumerate(reqs):
+            where = f"requests[{k}]"
+            if not isinstance(r, dict):
+                raise InputError(source, where, "must be an object")
+            if r.get("id", k) != k:
+                raise InputError(source, f"{where}.id", f"must be {k} (ids are 0-based positions)")
+            for key in ("prompt", "output"):
+                v = r.get(key)
+                if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                    raise InputError(source, f"{where}.{key}", f"must be an integer >= 1, got {v!r}")
+            a = r.get("arrival", 0.0)
+            if not isinstance(a, (int, float)) or isinstance(a, bool) or not math.isfinite(a) or a < 0:
+                raise InputError(source, f"{where}.arrival", f"must be a finite number >= 0, got {a!r}")
+            requests.append(Request(r["prompt"], r["output"], float(a)))
+        raw_batches = data.get("batches")
+        if not isinstance(raw_batches, list):
+            raise InputError(source, "batches", "missing or not a list")
+        batches = []
+        for j, b in enumerate(raw_batches):
+            where = f"batches[{j}]"
+            if not isinstance(b, dict):
+                raise InputError(source, where, "must be an object")
+            for key in b:
+                if key not in ("start", "tokens", "evict"):
+                    raise InputError(source, f"{where}.{key}", "unknown key; allowed: start, tokens, evict")
+            start = b.get("start")
+            if start is not None and (not isinstance(start, (int, float)) or isinstance(start, bool)
+                                      or not math.isfinite(start) or start < 0):
+                raise InputError(source, f"{where}.start", f"must be a finite number >= 0, got {start!r}")
+            tokens_raw = b.get("tokens", {})
+            if not isinstance(tokens_raw, dict):
+                raise InputError(source, f"{where}.tokens", "must be an object {\"<id>\": tokens}")
+            tokens = {}
+            for key, c in tokens_raw.items():
+                try:
+                    i = int(key)
+                except ValueError:
+                    raise InputError(source, f"{where}.tokens", f"request id {key!r} is not an integer") from None
+                if not isinstance(c, int) or isinstance(c, bool):
+                    raise InputError(source, f"{where}.tokens.{key}", f"must be an integer, got {c!r}")
+                tokens[i] = c
+            evict = b.get("evict", [])
+            if not isinstance(evict, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in evict):
+                raise InputError(source, f"{where}.evict", "must be a list of request ids")
+            batches.append(Batch(tokens, tuple(evict), None if start is None else float(start)))
+        return cls(tuple(requests), batches)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Schedule":
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text())
+        except OSError as exc:
+            raise InputError(str(path), "", f"cannot read file: {exc.strerror or exc}") from None
+        except json.JSONDecodeError as exc:
+            raise InputError(str(path), "", f"malformed JSON: {exc}") from None
+        return cls.from_json(data, str(path))
+
+
+def write_json_atomic(path: str | Path, data) -> None:
+    """Write JSON to a temporary file beside `path`, then rename: readers never see half a file."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=None, separators=(",", ":")) + "\n")
+    tmp.replace(path)
+
+
+# --------------------------------------------------------------------------- metrics
+
+METRIC_KEYS = ("total_latency", "mean_latency", "mean_ttft", "mean_tpot", "batches",
+               "evictions", "recomputed_tokens", "peak_kv")
+
+
+@dataclass
+class Metrics:
+    total_latency: float  # end of the last batch
+    mean_latency: float
+    mean_ttft: float
+    mean_tpot: float  # over requests with O > 1; 0 if there are none
+    batches: int  # batches that process at least one token
+    evictions: int
+    recomputed_tokens: int
+    peak_kv: int
+    p50_latency: float
+    p99_latency: float
+    p50_ttft: float
+    p99_ttft: float
+    p50_tpot: float
+    p99_tpot: float
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass
+class Replay:
+    """Everything the replay of a valid schedule computed."""
+
+    metrics: Metrics
+    arrivals: np.ndarray  # per request, seconds
+    completion: np.ndarray
+    first_token: np.ndarray
+    evictions: np.ndarray  # per request
+    batch_start: np.ndarray  # per batch (every batch in the schedule, empty ones included)
+    batch_end: np.ndarray
+    batch_kv: np.ndarray  # KV tokens in use during the batch (blocks rounded)
+    batch_features: np.ndarray  # (batches, 6): the cost model's features
+
+    @property
+    def latencies(self) -> np.ndarray:
+        return self.completion - self.arrivals
+
+
+def _pct(values: np.ndarray, q: float) -> float:
+    return float(np.percentile(values, q)) if values.size else 0.0
+
+
+class ReplayState:
+    """Per-request state (m cached, n generated) and the clock, advanced one batch at a time."""
+
+    def __init__(self, instance: Instance):
+        self.instance = instance
+        reqs = instance.requests
+        self.prompt = [r.prompt for r in reqs]
+        self.output = [r.output for r in reqs]
+        self.arrival = [r.arrival for r in reqs]
+        k = len(reqs)
+        self.m = [0] * k
+        self.n = [0] * k
+        self.finished = [False] * k
+        self.unfinished = k
+        self.first_token = [math.nan] * k
+        self.completion = [math.nan] * k
+        self.evictions = [0] * k
+        self.recomputed = 0
+        self.kv_used = 0  # blocks-rounded KV of all requests, between batches
+        self.peak_kv = 0
+        self.now = 0.0
+        self.batches_applied = 0
+        self.generated = 0  # tokens generated so far, all requests
+        self.nonempty_batches = 0
+        self.starts: list[float] = []
+        self.ends: list[float] = []
+        self.kv_trace: list[int] = []
+        self.features: list[tuple] = []
+        s = instance.system
+        self._b = s.block_size
+        self._C, self._P, self._M = s.max_batch_tokens, s.max_prefill_tokens, s.kv_capacity
+
+    def _blocks(self, tokens: int) -> int:
+        b = self._b
+        return tokens if b == 1 else -(-tokens // b) * b
+
+    def apply(self, batch: Batch) -> float:
+        """Check `batch` against the semantics and advance; returns its end time. Raises ScheduleError."""
+        j = self.batches_applied
+        start = self.now if batch.start is None else max(self.now, batch.start)
+        m, n, prompt, arrival, finished = self.m, self.n, self.prompt, self.arrival, self.finished
+        k = len(m)
+        b = self._b
+        kv = self.kv_used
+        tokens = batch.tokens
+        seen_evict = set()
+        for i in batch.evict:
+            if not 0 <= i < k:
+                raise ScheduleError(j, i, "evicts an unknown request id")
+            if i in seen_evict:
+                raise ScheduleError(j, i, "evicted twice in one batch")
+            seen_evict.add(i)
+            if finished[i]:
+                raise ScheduleError(j, i, "evicted after it finished")
+            if m[i] == 0:
+                raise ScheduleError(j, i, "evicted but holds no cached KV")
+            if i in tokens:
+                raise ScheduleError(j, i, "both evicted and processed in the same batch")
+        tok = pre_tok = n_pre = 0
+        dkv = pkv = attn = 0
+        for i, c in tokens.items():
+            if not 0 <= i < k:
+                raise ScheduleError(j, i, "processes an unknown request id")
+            if finished[i]:
+                raise ScheduleError(j, i, "processed after it finished")
+            if arrival[i] > start + _TIME_EPS * (1.0 + abs(start)):
+                raise ScheduleError(j, i, f"processed in a batch starting at {start:.9g} s, before its arrival at {arrival[i]:.9g} s")
+            if c < 1:
+                raise ScheduleError(j, i, f"processes {c} tokens; a processing request needs c >= 1 (leave it out to idle)")
+            mi = 0 if i in seen_evict else m[i]
+            avail = prompt[i] + n[i] - mi
+            if c > avail:
+                raise ScheduleError(j, i, f"processes {c} tokens but only {avail} are not cached (S = {prompt[i] + n[i]}, m = {mi})")
+            tok += c
+            if n[i] >= 1 and avail == 1:
+                dkv += mi
+            else:
+                pre_tok += c
+                n_pre += 1
+                attn += c * c + 2 * mi * c
+                pkv += mi
+            if b == 1:
+                kv += c
+            else:
+                kv += -(-(mi + c) // b) * b - -(-mi // b) * b
+        freed = 0
+        for i in seen_evict:
+            freed += self._blocks(m[i])
+        kv -= freed
+        if tok > self._C:
+            raise ScheduleError(j, None, f"processes {tok} tokens, more than max_batch_tokens C = {self._C}")
+        if pre_tok > self._P:
+            raise ScheduleError(j, None, f"processes {pre_tok} prefill-type tokens, more than max_prefill_tokens P = {self._P}")
+        if kv > self._M:
+            raise ScheduleError(j, None, f"needs {kv} KV tokens, more than kv_capacity M = {self._M}")
+        self.kv_trace.append(kv)
+        if kv > self.peak_kv:
+            self.peak_kv = kv
+        # the batch is valid: advance
+        for i in seen_evict:
+            self.recomputed += m[i]
+            self.evictions[i] += 1
+            m[i] = 0
+        end = start + self.instance.cost.batch_time(tok, dkv, attn, pkv, n_pre)
+        output, first, completion = self.output, self.first_token, self.completion
+        for i, c in tokens.items():
+            mi = m[i] + c
+            if mi == prompt[i] + n[i]:
+                ni = n[i] + 1
+                self.generated += 1
+                n[i] = ni
+                if ni == 1:
+                    first[i] = end
+                if ni == output[i]:
+                    finished[i] = True
+                    self.unfinished -= 1
+                    completion[i] = end
+                    kv -= mi if b == 1 else -(-mi // b) * b
+                    mi = 0
+            m[i] = mi
+        if tok:
+            self.nonempty_batches += 1
+        self.batches_applied += 1
+        self.starts.append(start)
+        self.ends.append(end)
+        self.features.append((1.0 if tok else 0.0, tok, dkv, attn, pkv, n_pre))
+        self.now = end
+        self.kv_used = kv
+        return end
+
+    def finish(self) -> Replay:
+        for i, done in enumerate(self.finished):
+            if not done:
+                raise ScheduleError(None, i, f"unfinished: {self.n[i]} of {self.output[i]} tokens generated")
+        completion = np.array(self.completion)
+        first = np.array(self.first_token)
+        arrivals = np.array(self.arrival)
+        outputs = np.array(self.output)
+        lat = completion - arrivals
+        ttft = first - arrivals
+        multi = outputs > 1
+        tpot = (completion[multi] - first[multi]) / (outputs[multi] - 1)
+        metrics = Metrics(
+            total_latency=float(self.ends[-1]) if self.ends else 0.0,
+            mean_latency=float(lat.mean()),
+            mean_ttft=float(ttft.mean()),
+            mean_tpot=float(tpot.mean()) if tpot.size else 0.0,
+            batches=self.nonempty_batches,
+            evictions=int(sum(self.evictions)),
+            recomputed_tokens=int(self.recomputed),
+            peak_kv=int(self.peak_kv),
+            p50_latency=_pct(lat, 50), p99_latency=_pct(lat, 99),
+            p50_ttft=_pct(ttft, 50), p99_ttft=_pct(ttft, 99),
+            p50_tpot=_pct(tpot, 50), p99_tpot=_pct(tpot, 99),
+        )
+        return Replay(metrics, arrivals, completion, first, np.array(self.evictions),
+                      np.array(self.starts), np.array(self.ends), np.array(self.kv_trace, dtype=np.int64),
+                      np.array(self.features, dtype=float).reshape(-1, 6))
+
+
+def check_requests_match(instance: Instance, schedule: Schedule) -> None:
+    if len(schedule.requests) != len(instance.requests):
+        raise ScheduleError(None, None, f"the schedule lists {len(schedule.requests)} requests, the case has {len(instance.requests)}")
+    for i, (a, b) in enumerate(zip(schedule.requests, instance.requests)):
+        if (a.prompt, a.output) != (b.prompt, b.output) or abs(a.arrival - b.arrival) > _TIME_EPS * (1 + b.arrival):
+            raise ScheduleError(None, i, f"differs from the case: schedule has (prompt {a.prompt}, output {a.output}, "
+                                         f"arrival {a.arrival}), case has ({b.prompt}, {b.output}, {b.arrival})")
+
+
+def validate(instance: Instance, schedule: Schedule) -> Replay:
+    """Replay `schedule` on `instance` under the semantics; raise ScheduleError at the first broken rule."""
+    check_requests_match(instance, schedule)
+    state = ReplayState(instance)
+    for batch in schedule.batches:
+        state.apply(batch)
+    return state.finish()

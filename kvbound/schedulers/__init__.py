@@ -1,0 +1,129 @@
+"""Heuristic schedulers: the unified Algorithm 1 of the seed paper with named presets, and MC-SF / alpha-protection.
+
+`get_scheduler("name")` or `get_scheduler("name:key=value,...")` returns a fresh policy;
+`simulate(instance, policy)` runs it. Keys override the preset's parameters, e.g.
+`sarathi:prefill_limit=256`, `fcfs-protect:alpha=0.3`, `vllm:hybrid=true`.
+"""
+from __future__ import annotations
+
+from dataclasses import fields
+
+from ..errors import InputError
+from .base import Policy, SimulationResult, simulate
+from .jaillet import MCSF, FcfsProtect
+from .unified import UnifiedParams, UnifiedScheduler
+
+U = UnifiedParams
+
+# name: (parameters, one-line description with its source)
+_UNIFIED: dict[str, tuple[UnifiedParams, str]] = {
+    "vllm": (U(priority="prefill", hybrid=False, chunked=False),
+             "vLLM: prefills first, no hybrid batches, no chunking, P = C; evicts the latest-arrived running request (seed paper Table 1)"),
+    "vllm-hy": (U(priority="prefill", hybrid=True, chunked=False),
+                "vLLM with hybrid batches: prefills first, then decodes in the same batch (Table 1)"),
+    "sarathi": (U(priority="decode", hybrid=True, chunked=True, prefill_limit=512),
+                "Sarathi-Serve: decodes first, hybrid batches, chunked prefill with P = 512 (Table 1)"),
+    "sarathi-pc": (U(priority="decode", hybrid=True, chunked=True),
+                   "Sarathi with P = C (Table 1: SARATHI_P=C)"),
+    "sarathi-nocp": (U(priority="decode", hybrid=True, chunked=False),
+                     "Sarathi without chunked prefill, P = C (Table 1)"),
+    "sarathi-nohy": (U(priority="decode", hybrid=False, chunked=False),
+                     "Sarathi without hybrid batches or chunking, P = C (Table 1)"),
+    "rank-i": (U(priority="rank-i", hybrid=True, chunked=True),
+               "one group ordered by prompt length, shortest first; hybrid, chunked, P = C (seed paper Section 4.6, Rank_I)"),
+    "rank-o": (U(priority="rank-o", hybrid=True, chunked=True),
+               "one group ordered by output length, shortest first (hypothetical: knows O); hybrid, chunked, P = C (Section 4.6, Rank_O)"),
+    "evict-short": (U(priority="decode", hybrid=True, chunked=True, prefill_limit=512,
+                      decode_order="longest-first", victim="shortest"),
+                    "Sarathi grouping, running decodes with more cached tokens first, evicts the shortest when memory is short (Section 6)"),
+}
+for _base in ("vllm", "vllm-hy", "sarathi", "sarathi-pc", "sarathi-nocp", "sarathi-nohy"):
+    _params, _desc = _UNIFIED[_base]
+    _UNIFIED[_base + "-ef"] = (
+        U(**{**_params.__dict__, "reserve": "peak"}),
+        f"eviction-free {_base}: reserves I + O - 1 at admission, never evicts (hypothetical: knows O; Section 4.1)",
+    )
+
+_OTHER: dict[str, tuple[type, str]] = {
+    "mcsf": (MCSF, "MC-SF: keep running requests, admit shortest output first while the future peak KV fits; never evicts (Jaillet et al. Alg. 2)"),
+    "fcfs-protect": (FcfsProtect, "alpha-protection greedy: FCFS admission under (1 - alpha) M, clears all running requests on overflow; alpha = 0.2 (Jaillet et al. Sec. 7)"),
+}
+
+SCHEDULERS: dict[str, str] = {name: desc for name, (_, desc) in _UNIFIED.items()}
+SCHEDULERS.update({name: desc for name, (_, desc) in _OTHER.items()})
+
+#: the fast heuristics a solver warm-starts from by default (each is cheap on small cases)
+FAST_HEURISTICS = ("vllm", "vllm-ef", "sarathi-pc", "sarathi-pc-ef", "sarathi", "sarathi-ef", "rank-i", "evict-short", "mcsf")
+
+
+def _parse_value(spec: str, key: str, text: str, kind):
+    if kind is bool:
+        if text.lower() in ("true", "1", "yes", "on"):
+            return True
+        if text.lower() in ("false", "0", "no", "off"):
+            return False
+        raise InputError("--scheduler", f"{spec}: {key}", f"expected true or false, got {text!r}")
+    try:
+        if kind is int:
+            return None if text.lower() == "none" else int(text)
+        if kind is float:
+            return float(text)
+    except ValueError:
+        raise InputError("--scheduler", f"{spec}: {key}", f"expected a number, got {text!r}") from None
+    return text
+
+
+def get_scheduler(spec: str) -> Policy:
+    """A fresh policy from `name` or `name:key=value,...`."""
+    name, _, options = spec.partition(":")
+    overrides = {}
+    if options:
+        for part in options.split(","):
+            key, eq, value = part.partition("=")
+            if not eq:
+                raise InputError("--scheduler", spec, f"option {part!r} is not key=value")
+            overrides[key.strip()] = value.strip()
+    if name in _UNIFIED:
+        params, _ = _UNIFIED[name]
+        kinds = {"hybrid": bool, "chunked": bool, "prefill_limit": int}
+        allowed = {f.name for f in fields(UnifiedParams)}
+        values = {}
+        for key, text in overrides.items():
+            if key not in allowed:
+                raise InputError("--scheduler", f"{spec}: {key}", f"unknown option; allowed: {', '.join(sorted(allowed))}")
+            values[key] = _parse_value(spec, key, text, kinds.get(key, str))
+        try:
+            params = UnifiedParams(**{**params.__dict__, **values})
+        except ValueError as exc:
+            raise InputError("--scheduler", spec, str(exc)) from None
+        label = spec if overrides else name
+        return UnifiedScheduler(label, params)
+    if name in _OTHER:
+        cls, _ = _OTHER[name]
+        if name == "fcfs-protect":
+            unknown = set(overrides) - {"alpha"}
+            if unknown:
+                raise InputError("--scheduler", f"{spec}: {sorted(unknown)[0]}", "unknown option; allowed: alpha")
+            try:
+                policy = cls(**{k: _parse_value(spec, k, v, float) for k, v in overrides.items()})
+            except ValueError as exc:
+                raise InputError("--scheduler", spec, str(exc)) from None
+        else:
+            if overrides:
+                raise InputError("--scheduler", spec, f"{name} takes no options")
+            policy = cls()
+        policy.name = spec if overrides else name
+        return policy
+    import difflib
+
+    hint = difflib.get_close_matches(name, list(SCHEDULERS), n=1)
+    raise InputError("--scheduler", name, "unknown scheduler" + (f" (did you mean '{hint[0]}'?)" if hint else "")
+                     + "; `kvbound schedulers` lists them")
+
+
+def run_scheduler(instance, spec: str) -> SimulationResult:
+    return simulate(instance, get_scheduler(spec))
+
+
+__all__ = ["SCHEDULERS", "FAST_HEURISTICS", "get_scheduler", "run_scheduler", "simulate", "Policy",
+           "SimulationResult", "UnifiedParams", "UnifiedScheduler", "MCSF", "FcfsProtect"]

@@ -1,0 +1,213 @@
+"""Algorithm 1 of the seed paper: one configurable scheduler behind vLLM, Sarathi and the rest.
+
+Per batch, requests are visited in priority order (groups, then an order inside each
+group). For each candidate: skip it if hybrid batching is off and it is of the other
+phase than the batch; size its chunk (decode 1, prefill all remaining tokens or, with
+chunked prefill, what the C and P budgets leave); then check the KV reservation. A
+running candidate short of memory evicts lower-priority running requests (or itself
+when none is left); a waiting candidate short of memory or budget stops admission.
+
+Memory is accounted in reservations (`Policy.reserved`): a request admitted from the
+waiting queue reserves its whole sequence S (or I + O - 1 for eviction-free variants),
+a decode grows its reservation by one token. Actual KV never exceeds the reservations,
+so every batch respects M.
+"""
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, replace
+
+from ..schedule import Batch, ReplayState
+from ..workload import Instance
+from .base import Policy
+
+PRIORITIES = ("prefill", "decode", "rank-i", "rank-o")
+
+
+@dataclass(frozen=True)
+class UnifiedParams:
+    priority: str = "decode"  # prefill: waiting first (vLLM); decode: running decodes first (Sarathi); rank-i/o: one group by I or O
+    hybrid: bool = True  # prefill-type and decode-type requests in one batch
+    chunked: bool = True  # prefill chunks smaller than the remaining tokens
+    prefill_limit: int | None = None  # the policy's P; None: the system's P (min of both applies)
+    victim: str = "lowest-priority"  # or "shortest": the running request with the fewest cached tokens
+    reserve: str = "incremental"  # or "peak": reserve I + O - 1 at admission (eviction-free)
+    decode_order: str = "arrival"  # or "longest-first": running decodes with larger m first (evict-short)
+
+    def __post_init__(self):
+        if self.priority not in PRIORITIES:
+            raise ValueError(f"priority must be one of {PRIORITIES}")
+        if self.victim not in ("lowest-priority", "shortest"):
+            raise ValueError("victim must be lowest-priority or shortest")
+        if self.reserve not in ("incremental", "peak"):
+            raise ValueError("reserve must be incremental or peak")
+        if self.decode_order not in ("arrival", "longest-first"):
+            raise ValueError("decode_order must be arrival or longest-first")
+
+
+class UnifiedScheduler(Policy):
+    def __init__(self, name: str, params: UnifiedParams):
+        super().__init__()
+        self.name = name
+        self.params = params
+
+    def with_params(self, **changes) -> "UnifiedScheduler":
+        return UnifiedScheduler(self.name, replace(self.params, **changes))
+
+    def _P(self, instance: Instance) -> int:
+        s = instance.system
+        p = self.params.prefill_limit
+        return s.max_prefill_tokens if p is None else min(p, s.max_prefill_tokens)
+
+    def refuse_reason(self, instance: Instance) -> str | None:
+        if self.params.chunked:
+            return None
+        P = self._P(instance)
+        may_evict = self.params.reserve == "incremental"
+        for i, r in enumerate(instance.requests):
+            if r.prompt > P:
+                return f"request {i} has a prompt of {r.prompt} tokens, more than P = {P}, and this scheduler does not chunk prefills"
+            if may_evict and r.peak_kv > P:
+                return (f"request {i} may need a refill of up to I + O - 1 = {r.peak_kv} tokens after an eviction, "
+                        f"more than P = {P}, and this scheduler does not chunk prefills")
+        return None
+
+    def reset(self, instance: Instance) -> None:
+        super().reset(instance)
+        self.P = self._P(instance)
+        reqs = instance.requests
+        pr = self.params.priority
+        if pr == "rank-i":
+            self._rank = [(r.prompt, r.arrival) for r in reqs]
+        elif pr == "rank-o":
+            self._rank = [(r.output, r.arrival) for r in reqs]
+        else:
+            self._rank = [(0, r.arrival) for r in reqs]
+        self._peak = [r.peak_kv for r in reqs]
+
+    def waiting_key(self, i: int) -> tuple:
+        return self._rank[i]
+
+    # ------------------------------------------------------------------ ordering
+    def _order(self, st: ReplayState) -> tuple[list[int], list[int]]:
+        """(candidates in priority order, running requests in priority order)."""
+        m, n, prompt = st.m, st.n, st.prompt
+        rank = self._rank
+        running = self.reserved
+        waiting_ids = [i for _, i in self.waiting]
+        pr = self.params.priority
+        if pr in ("rank-i", "rank-o"):
+            run = sorted(running, key=lambda i: (rank[i], i))
+            merged = heapq.merge(((rank[i], i) for i in run), self.waiting)
+            return [i for _, i in merged], run
+        decodes, prefills = [], []
+        for i in running:
+            (decodes if n[i] >= 1 and prompt[i] + n[i] - m[i] == 1 else prefills).append(i)
+        if self.params.decode_order == "longest-first":
+            decodes.sort(key=lambda i: (-m[i], rank[i], i))
+        else:
+            decodes.sort(key=lambda i: (rank[i], i))
+        prefills.sort(key=lambda i: (rank[i], i))
+        if pr == "prefill":
+            run = sorted(running, key=lambda i: (rank[i], i))
+            return waiting_ids + run, run
+        run = decodes + prefills
+        return run + waiting_ids, run
+
+    # ------------------------------------------------------------------ one batch
+    def next_batch(self, st: ReplayState) -> Batch:
+        p = self.params
+        m, n, prompt = st.m, st.n, st.prompt
+        C, P, M = self.C, self.P, self.M
+        blocks = self.blocks
+        reserved = self.reserved
+        peak_reserve = p.reserve == "peak"
+        candidates, run_order = self._order(st)
+        pos = {i: k for k, i in enumerate(run_order)}
+        tail = len(run_order)  # victims are taken from run_order[.. tail)
+        tokens: dict[int, int] = {}
+        evicted: list[int] = []
+        gone: set[int] = set()
+        admitted: list[int] = []
+        tok = ptok = 0
+        phase = None
+        admit_open = True
+        for i in candidates:
+            if tok >= C:
+                break
+            if i in gone:
+                continue
+            running = i in reserved
+            if not running and not admit_open:
+                continue
+            S = prompt[i] + n[i]
+            remaining = S - m[i]
+            decode = running and n[i] >= 1 and remaining == 1
+            if not p.hybrid:
+                kind = "d" if decode else "p"
+                if phase is not None and kind != phase:
+                    continue
+            if decode:
+                c = 1
+            else:
+                room = min(C - tok, P - ptok)
+                c = min(remaining, room) if p.chunked else remaining
+                if c < 1 or c > room:
+                    if not running:
+                        admit_open = False
+                    continue
+            # KV reservation
+            if running:
+                new_res = max(reserved[i], S)
+                extra = blocks(new_res) - blocks(reserved[i])
+            else:
+                new_res = self._peak[i] if peak_reserve else S
+                extra = blocks(new_res)
+            if self.kv_reserved + extra > M:
+                if not running:
+                    admit_open = False
+                    continue
+                k = pos[i]
+                while self.kv_reserved + extra > M:
+                    victim = self._victim(run_order, k, tail, gone, m)
+                    if victim is None:
+                        break
+                    if p.victim == "lowest-priority":
+                        tail = run_order.index(victim, k + 1, tail)
+                    self.evict_to_waiting(victim, evicted)
+                    gone.add(victim)
+                if self.kv_reserved + extra > M:
+                    self.evict_to_waiting(i, evicted)  # self-eviction
+                    gone.add(i)
+                    continue
+            if running:
+                if new_res != reserved[i]:
+                    self.reserve(i, new_res)
+            else:
+                self.reserve(i, new_res)
+                admitted.append(i)
+            tokens[i] = c
+            tok += c
+            if not decode:
+                ptok += c
+            if phase is None:
+                phase = "d" if decode else "p"
+        if admitted:
+            drop = set(admitted)
+            self.waiting = [w for w in self.waiting if w[1] not in drop]
+        return Batch(tokens, tuple(evicted))
+
+    def _victim(self, run_order, k, tail, gone, m):
+        """The lowest-priority running request after position k that is still running, or None."""
+        if self.params.victim == "lowest-priority":
+            for idx in range(tail - 1, k, -1):
+                v = run_order[idx]
+                if v not in gone:
+                    return v
+            return None
+        best = None
+        for idx in range(k + 1, tail):
+            v = run_order[idx]
+            if v not in gone and (best is None or m[v] < m[best] or (m[v] == m[best])):
+                best = v  # ties: the later (lower-priority) one
+        return best

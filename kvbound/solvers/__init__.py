@@ -1,0 +1,1 @@
+"""Solver backends behind one `solve` interface (filled by the solver work)."""
