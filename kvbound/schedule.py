@@ -22,13 +22,13 @@ _TIME_EPS = 1e-9
 class ScheduleError(KvboundError):
     """A schedule breaks a rule; `batch` and `request` locate it (None where not applicable)."""
 
-    def __init__(self, batch: int | None, request: int | None, problem: str):
+    def __init__(self, batch: int | None, request: int | None, problem: str, *, stage: str | None = None):
         self.batch, self.request, self.problem = batch, request, problem
         where = []
         if batch is not None:
             where.append(f"batch {batch}")
         else:
-            where.append("after the last batch")
+            where.append(stage or "after the last batch")
         if request is not None:
             where.append(f"request {request}")
         super().__init__(", ".join(where) + ": " + problem)
@@ -130,9 +130,11 @@ class Schedule:
     def load(cls, path: str | Path) -> "Schedule":
         path = Path(path)
         try:
-            data = json.loads(path.read_text())
+            data = json.loads(path.read_text(encoding="utf-8"))
         except OSError as exc:
             raise InputError(str(path), "", f"cannot read file: {exc.strerror or exc}") from None
+        except UnicodeDecodeError as exc:
+            raise InputError(str(path), "", f"cannot read file: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
         except json.JSONDecodeError as exc:
             raise InputError(str(path), "", f"malformed JSON: {exc}") from None
         return cls.from_json(data, str(path))
@@ -358,11 +360,13 @@ class ReplayState:
 
 def check_requests_match(instance: Instance, schedule: Schedule) -> None:
     if len(schedule.requests) != len(instance.requests):
-        raise ScheduleError(None, None, f"the schedule lists {len(schedule.requests)} requests, the case has {len(instance.requests)}")
+        raise ScheduleError(None, None, f"the schedule lists {len(schedule.requests)} requests, the case has {len(instance.requests)}",
+                            stage="request list")
     for i, (a, b) in enumerate(zip(schedule.requests, instance.requests)):
         if (a.prompt, a.output) != (b.prompt, b.output) or abs(a.arrival - b.arrival) > _TIME_EPS * (1 + b.arrival):
             raise ScheduleError(None, i, f"differs from the case: schedule has (prompt {a.prompt}, output {a.output}, "
-                                         f"arrival {a.arrival}), case has ({b.prompt}, {b.output}, {b.arrival})")
+                                         f"arrival {a.arrival}), case has ({b.prompt}, {b.output}, {b.arrival})",
+                                stage="request list")
 
 
 def validate(instance: Instance, schedule: Schedule) -> Replay:

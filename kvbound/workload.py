@@ -9,7 +9,7 @@ import csv
 import math
 import tomllib
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 from functools import cached_property
 from pathlib import Path
 
@@ -213,9 +213,11 @@ def load_case(path: str | Path) -> Instance:
     path = Path(path)
     source = str(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise InputError(source, "", f"cannot read file: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise InputError(source, "", f"cannot read file: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -300,9 +302,12 @@ def _trace_time(source: str, row: int, col: str, text: str) -> float:
             head, frac = stamp.split(".", 1)
             stamp = f"{head}.{frac[:6]}"
         try:
-            return datetime.fromisoformat(stamp).timestamp()
+            when = datetime.fromisoformat(stamp)
         except ValueError:
             raise InputError(source, f"row {row}, column {col}", f"not a time: {text!r}") from None
+        if when.tzinfo is None:  # naive stamps are read as UTC, never local time (no DST jumps)
+            when = when.replace(tzinfo=timezone.utc)
+        return when.timestamp()
     if not math.isfinite(value):
         raise InputError(source, f"row {row}, column {col}", f"must be finite, got {text!r}")
     return value
@@ -317,7 +322,7 @@ def load_trace(path: str | Path, *, limit: int | None = None, offset: int = 0, t
     path = Path(path)
     source = str(path)
     try:
-        handle = open(path, newline="")
+        handle = open(path, newline="", encoding="utf-8-sig")
     except OSError as exc:
         raise InputError(source, "", f"cannot read trace: {exc.strerror or exc}") from None
     with handle:
@@ -328,6 +333,8 @@ def load_trace(path: str | Path, *, limit: int | None = None, offset: int = 0, t
             raise InputError(source, "", "empty trace file") from None
         except csv.Error as exc:
             raise InputError(source, "", f"malformed CSV: {exc}") from None
+        except UnicodeDecodeError as exc:
+            raise InputError(source, "", f"cannot read trace: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
         header = [h.strip() for h in header]
         for fmt, (t_col, p_col, o_col) in _TRACE_FORMATS.items():
             if p_col in header and o_col in header and (t_col is None or t_col in header):
@@ -353,6 +360,8 @@ def load_trace(path: str | Path, *, limit: int | None = None, offset: int = 0, t
                 rows.append((t, _trace_int(source, line, p_col, row[pi]), _trace_int(source, line, o_col, row[oi])))
         except csv.Error as exc:
             raise InputError(source, "", f"malformed CSV: {exc}") from None
+        except UnicodeDecodeError as exc:
+            raise InputError(source, "", f"cannot read trace: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
     if not rows:
         raise InputError(source, "", "no requests selected from the trace")
     t0 = rows[0][0]

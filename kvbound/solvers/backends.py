@@ -1,0 +1,285 @@
+"""Solver backends: each takes the model arrays, a time limit and a warm start point, and returns
+a `BackendOutcome` of the same shape (status, best point, objective, dual bound, statistics).
+
+All bounds are in model units (seconds, or ticks for the integer-scaled CP-SAT model).
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..formulation.model import ModelArrays
+
+BACKENDS = ("highs", "cpsat", "cbc")
+
+
+@dataclass
+class BackendOutcome:
+    status: str  # optimal, feasible, infeasible, unknown (as the backend proved it, in model units)
+    x: np.ndarray | None
+    objective: float | None
+    bound: float  # a lower bound on the model optimum (-inf if none)
+    seconds: float
+    warm_start_accepted: bool | None = None
+    stats: dict = field(default_factory=dict)
+
+
+def _threads() -> int:
+    return max(1, min(8, os.cpu_count() or 1))
+
+
+# ------------------------------------------------------------------------- HiGHS
+
+def solve_highs(arrays: ModelArrays, time_limit: float, warm: np.ndarray | None, *, relax: bool = False,
+                verbose: bool = False, gap: float = 1e-9) -> BackendOutcome:
+    import highspy
+
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", bool(verbose))
+    h.setOptionValue("time_limit", float(max(time_limit, 0.01)))
+    h.setOptionValue("mip_rel_gap", gap)
+    h.setOptionValue("mip_abs_gap", 1e-12)
+    h.setOptionValue("threads", _threads())
+    lp = highspy.HighsLp()
+    lp.num_col_ = arrays.n_cols
+    lp.num_row_ = arrays.n_rows
+    lp.col_cost_ = arrays.objective
+    lp.col_lower_ = arrays.col_lb
+    lp.col_upper_ = arrays.col_ub
+    lp.row_lower_ = arrays.row_lo
+    lp.row_upper_ = arrays.row_hi
+    lp.offset_ = arrays.objective_offset
+    starts, index, value = arrays.csc()
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+    lp.a_matrix_.start_ = starts
+    lp.a_matrix_.index_ = index
+    lp.a_matrix_.value_ = value
+    lp.a_matrix_.num_col_ = arrays.n_cols
+    lp.a_matrix_.num_row_ = arrays.n_rows
+    if not relax:
+        lp.integrality_ = [highspy.HighsVarType.kInteger if f else highspy.HighsVarType.kContinuous
+                           for f in arrays.integrality]
+    h.passModel(lp)
+    accepted = None
+    if warm is not None and not relax:
+        sol = highspy.HighsSolution()
+        sol.col_value = list(map(float, warm))
+        sol.value_valid = True
+        h.setSolution(sol)
+    h.HandleKeyboardInterrupt = True  # Ctrl-C cancels the solve; the incumbent and bound are kept
+    t0 = time.perf_counter()
+    h.solve()
+    seconds = time.perf_counter() - t0
+    ms = h.getModelStatus()
+    info = h.getInfo()
+    MS = highspy.HighsModelStatus
+    x = None
+    objective = None
+    if relax:
+        if ms == MS.kOptimal:
+            return BackendOutcome("optimal", None, info.objective_function_value, info.objective_function_value, seconds)
+        if ms == MS.kInfeasible:
+            return BackendOutcome("infeasible", None, None, math.inf, seconds)
+        return BackendOutcome("unknown", None, None, -math.inf, seconds)
+    if info.primal_solution_status == 2:  # kSolutionStatusFeasible
+        x = np.array(h.getSolution().col_value)
+        objective = info.objective_function_value
+    bound = info.mip_dual_bound
+    if ms == MS.kOptimal:
+        status = "optimal"
+        bound = max(bound, objective) if objective is not None and info.mip_gap <= gap else bound
+    elif ms == MS.kInfeasible:
+        status, bound = "infeasible", math.inf
+    else:
+        status = "feasible" if x is not None else "unknown"
+    if not math.isfinite(bound) and status != "infeasible":
+        bound = -math.inf
+    if warm is not None:
+        warm_obj = float(arrays.objective @ warm + arrays.objective_offset)
+        accepted = objective is not None and objective <= warm_obj + 1e-9 * (1 + abs(warm_obj))
+    stats = {"model_status": h.modelStatusToString(ms), "nodes": int(info.mip_node_count),
+             "interrupted": ms == MS.kInterrupt}
+    return BackendOutcome(status, x, objective, bound, seconds, accepted, stats)
+
+
+# ------------------------------------------------------------------------- CP-SAT
+
+def solve_cpsat(arrays: ModelArrays, time_limit: float, warm: np.ndarray | None, *, verbose: bool = False,
+                fix_to_hint: bool = False) -> BackendOutcome:
+    """Every variable and coefficient must be integral (the formulation is built with `tick`).
+
+    OR-Tools bundles its own HiGHS, whose symbols clash with highspy's when both load in one
+    process, so CP-SAT runs in a fresh child process that never imports highspy.
+    """
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as pool:
+        future = pool.submit(_solve_cpsat_here, arrays, time_limit, warm, verbose, fix_to_hint)
+        try:
+            return future.result()
+        except KeyboardInterrupt:  # the child got the signal too: CP-SAT stops and returns its best
+            return future.result()
+
+
+def _solve_cpsat_here(arrays: ModelArrays, time_limit: float, warm: np.ndarray | None, verbose: bool,
+                      fix_to_hint: bool) -> BackendOutcome:
+    from ortools.sat.python import cp_model
+
+    if not (arrays.integrality.all() or _all_integral(arrays.col_lb) and _all_integral(arrays.col_ub)):
+        raise ValueError("CP-SAT needs an all-integer model (build the formulation with tick)")
+    for name, arr in (("coefficients", arrays.vals), ("objective", arrays.objective)):
+        if not _all_integral(arr):
+            raise ValueError(f"CP-SAT needs integer {name}")
+    md = cp_model.CpModel()
+    big = 2 ** 50
+    lb = np.maximum(arrays.col_lb, -big)
+    ub = np.minimum(arrays.col_ub, big)
+    xs = [md.NewIntVar(int(math.ceil(l)), int(math.floor(u)), "") for l, u in zip(lb, ub)]
+    starts, cols, vals = arrays.csr()
+    for k in range(arrays.n_rows):
+        a, b = starts[k], starts[k + 1]
+        expr = sum(int(v) * xs[c] for c, v in zip(cols[a:b], vals[a:b]))
+        lo, hi = arrays.row_lo[k], arrays.row_hi[k]
+        if lo == hi:
+            md.Add(expr == int(round(lo)))
+        else:
+            if math.isfinite(lo):
+                md.Add(expr >= int(math.ceil(lo - 1e-9)))
+            if math.isfinite(hi):
+                md.Add(expr <= int(math.floor(hi + 1e-9)))
+    nz = np.nonzero(arrays.objective)[0]
+    md.Minimize(sum(int(arrays.objective[c]) * xs[c] for c in nz))
+    if warm is not None:
+        for var, v in zip(xs, warm):
+            md.AddHint(var, int(round(v)))
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = float(max(time_limit, 0.01))
+    solver.parameters.num_workers = _threads()
+    solver.parameters.log_search_progress = bool(verbose)
+    if fix_to_hint:
+        solver.parameters.fix_variables_to_their_hinted_value = True
+    t0 = time.perf_counter()
+    try:
+        st = solver.Solve(md)
+    except KeyboardInterrupt:  # CP-SAT stops on SIGINT by itself; keep what it found
+        st = cp_model.UNKNOWN
+    seconds = time.perf_counter() - t0
+    offset = arrays.objective_offset
+    x = None
+    objective = None
+    if st in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        x = np.array([solver.Value(v) for v in xs], dtype=float)
+        objective = solver.ObjectiveValue() + offset
+    if st == cp_model.OPTIMAL:
+        status, bound = "optimal", objective
+    elif st == cp_model.INFEASIBLE:
+        status, bound = "infeasible", math.inf
+    else:
+        status = "feasible" if x is not None else "unknown"
+        bound = solver.BestObjectiveBound() + offset if x is not None else -math.inf
+    accepted = None
+    if warm is not None:
+        warm_obj = float(arrays.objective @ warm + offset)
+        accepted = objective is not None and objective <= warm_obj + 1e-9 * (1 + abs(warm_obj))
+    stats = {"model_status": solver.StatusName(st), "branches": int(solver.NumBranches()),
+             "conflicts": int(solver.NumConflicts())}
+    return BackendOutcome(status, x, objective, bound, seconds, accepted, stats)
+
+
+def _all_integral(a) -> bool:
+    a = np.asarray(a, dtype=float)
+    finite = np.isfinite(a)
+    return bool(np.all(np.abs(a[finite] - np.round(a[finite])) < 1e-9))
+
+
+# ------------------------------------------------------------------------- CBC through PuLP
+
+def build_pulp(arrays: ModelArrays, names: list[str] | None = None):
+    import pulp
+
+    prob = pulp.LpProblem("kvbound", pulp.LpMinimize)
+    xs = []
+    for k in range(arrays.n_cols):
+        lo = arrays.col_lb[k] if math.isfinite(arrays.col_lb[k]) else None
+        hi = arrays.col_ub[k] if math.isfinite(arrays.col_ub[k]) else None
+        cat = pulp.LpInteger if arrays.integrality[k] else pulp.LpContinuous
+        xs.append(pulp.LpVariable(names[k] if names else f"x{k}", lo, hi, cat))
+    starts, cols, vals = arrays.csr()
+    for k in range(arrays.n_rows):
+        a, b = starts[k], starts[k + 1]
+        expr = pulp.LpAffineExpression([(xs[c], float(v)) for c, v in zip(cols[a:b], vals[a:b])])
+        lo, hi = arrays.row_lo[k], arrays.row_hi[k]
+        if lo == hi:
+            prob += expr == float(lo), f"r{k}"
+        else:
+            if math.isfinite(lo):
+                prob += expr >= float(lo), f"r{k}_lo"
+            if math.isfinite(hi):
+                prob += expr <= float(hi), f"r{k}_hi"
+    nz = np.nonzero(arrays.objective)[0]
+    # the objective offset stays outside the LP file so CBC's printed bounds are plain model values
+    prob += pulp.LpAffineExpression([(xs[c], float(arrays.objective[c])) for c in nz])
+    return prob, xs
+
+
+def solve_cbc(arrays: ModelArrays, time_limit: float, warm: np.ndarray | None, *, verbose: bool = False,
+              names: list[str] | None = None) -> BackendOutcome:
+    import pulp
+
+    prob, xs = build_pulp(arrays, names)
+    if warm is not None:
+        for var, v in zip(xs, warm):
+            var.setInitialValue(round(v) if var.cat == pulp.LpInteger else float(v))
+    with tempfile.TemporaryDirectory() as tmp:
+        log = os.path.join(tmp, "cbc.log")
+        solver = pulp.PULP_CBC_CMD(msg=bool(verbose), timeLimit=max(1, int(math.ceil(time_limit))), gapRel=1e-9,
+                                   gapAbs=1e-12, warmStart=warm is not None, logPath=log, threads=_threads(),
+                                   keepFiles=False)
+        t0 = time.perf_counter()
+        try:
+            prob.solve(solver)
+        except pulp.PulpSolverError:
+            pass
+        seconds = time.perf_counter() - t0
+        text = open(log).read() if os.path.exists(log) else ""
+    x = None
+    objective = None
+    values = [v.varValue for v in xs]
+    if prob.sol_status in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible) and None not in values:
+        x = np.array(values, dtype=float)
+        objective = float(arrays.objective @ x + arrays.objective_offset)
+    bound = _cbc_bound(text)
+    if bound is not None:
+        bound += arrays.objective_offset
+    if prob.sol_status == pulp.LpSolutionOptimal:  # solved to gapRel 1e-9: the bound is the objective
+        status = "optimal"
+        bound = objective
+    elif prob.status == pulp.LpStatusInfeasible or prob.sol_status == pulp.LpSolutionInfeasible:
+        status, bound = "infeasible", math.inf
+    else:
+        status = "feasible" if x is not None else "unknown"
+        if bound is None:
+            bound = -math.inf
+    accepted = None
+    if warm is not None:
+        accepted = bool(re.search(r"MIPStart provided solution with cost|mipstart values read|solution of value", text, re.I)) or \
+            (objective is not None and objective <= float(arrays.objective @ warm + arrays.objective_offset) + 1e-9)
+    return BackendOutcome(status, x, objective, bound, seconds, accepted, {"model_status": pulp.LpStatus[prob.status]})
+
+
+def _cbc_bound(text: str) -> float | None:
+    """The final lower bound CBC printed ("Lower bound:" after a stop, or "Objective value" when optimal)."""
+    m = re.findall(r"Lower bound:\s*([-+0-9.eE]+)", text)
+    if m:
+        return float(m[-1])
+    m = re.findall(r"best possible ([-+0-9.eE]+)", text)
+    if m:
+        return float(m[-1])
+    return None

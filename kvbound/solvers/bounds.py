@@ -1,0 +1,92 @@
+"""Lower bounds on the optimal latency, cheapest first; each is valid for every schedule.
+
+Analytic bounds (docs/formulation.md, "Bounds"):
+* batches: every request needs O_i batches (one token per batch), all tokens need
+  sum(I + O - 1) / C batches, all prefill-type tokens (at least the prompts) sum(I) / P,
+  and the KV-time area: the batch generating token k of request i holds I + k - 1 KV
+  tokens, so the sum of KV over batches is at least sum_i (O I + O (O - 1) / 2) <= M x batches.
+* work: `minimum_work` (per-token, first-prefill attention, and per generated token the
+  cheaper of a decode or a refill).
+* per-request: request i alone needs O_i batches after its arrival, and its own work.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+from ..formulation.bigm import minimum_work
+from ..workload import Instance
+
+
+@dataclass
+class Bound:
+    name: str
+    value: float
+    seconds: float
+    certified: bool = True
+    note: str = ""
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "value": self.value, "seconds": self.seconds, "certified": self.certified,
+                "note": self.note}
+
+
+def min_batches(instance: Instance) -> int:
+    s = instance.system
+    reqs = instance.requests
+    by_output = max(r.output for r in reqs)
+    by_tokens = math.ceil(sum(r.peak_kv for r in reqs) / s.max_batch_tokens)
+    by_prefill = math.ceil(sum(r.prompt for r in reqs) / s.max_prefill_tokens)
+    area = sum(r.output * r.prompt + r.output * (r.output - 1) // 2 for r in reqs)
+    by_area = math.ceil(area / s.kv_capacity)
+    return max(by_output, by_tokens, by_prefill, by_area)
+
+
+def _own_work(instance: Instance, i: int) -> float:
+    r = instance.requests[i]
+    single = Instance((r,), instance.system, instance.cost)
+    return minimum_work(single)
+
+
+def _own_batches(instance: Instance, i: int) -> int:
+    r = instance.requests[i]
+    P = min(instance.system.max_prefill_tokens, instance.system.max_batch_tokens)
+    return math.ceil(r.prompt / P) + r.output - 1
+
+
+def analytic_bounds(instance: Instance, objective: str) -> list[Bound]:
+    t0 = time.perf_counter()
+    cost = instance.cost
+    out = []
+    if objective == "total_latency":
+        nb = min_batches(instance)
+        out.append(Bound("batches x intercept + minimum work", nb * cost.intercept + minimum_work(instance),
+                         time.perf_counter() - t0, note=f"at least {nb} batches"))
+        per_req = max(r.arrival + _own_batches(instance, i) * cost.intercept + _own_work(instance, i)
+                      for i, r in enumerate(instance.requests))
+        out.append(Bound("latest arrival + own work", per_req, time.perf_counter() - t0))
+    elif objective == "mean_latency":
+        mean = sum(_own_batches(instance, i) * cost.intercept + _own_work(instance, i)
+                   for i in range(len(instance))) / len(instance)
+        out.append(Bound("mean of each request alone", mean, time.perf_counter() - t0))
+    else:
+        P = min(instance.system.max_prefill_tokens, instance.system.max_batch_tokens)
+        mean = sum(math.ceil(r.prompt / P) * cost.intercept + cost.per_token * r.prompt + cost.prefill_attention * r.prompt ** 2
+                   + cost.per_prefill_request for r in instance.requests) / len(instance)
+        out.append(Bound("mean first prefill of each request alone", mean, time.perf_counter() - t0))
+    return out
+
+
+def lp_bound(instance: Instance, objective: str, upper_bound: float, time_limit: float = 60.0) -> Bound:
+    """The LP relaxation of the Big-M model over a certified horizon."""
+    from ..formulation.bigm import build_bigm, horizon_for
+    from .backends import solve_highs
+
+    t0 = time.perf_counter()
+    J, certified, why = horizon_for(instance, objective, upper_bound)
+    form = build_bigm(instance, objective, J)
+    out = solve_highs(form.model.finalize(), time_limit, None, relax=True)
+    value = out.bound if out.status == "optimal" else -math.inf
+    return Bound("LP relaxation (bigm)", value, time.perf_counter() - t0, certified and out.status == "optimal",
+                 note=f"horizon J = {J}: {why}")

@@ -1,0 +1,244 @@
+"""An independent brute-force optimiser for tiny instances: the tests' exact oracle.
+
+It re-implements the semantics of docs/semantics.md (issue 2) from the text, on purpose
+without importing `kvbound.schedule.ReplayState`, so that the oracle and the validator
+check each other.
+
+The search is A* over states
+
+    (per request (m, n), clock t)
+
+with m the cached tokens and n the tokens generated (n == O: finished). A move is one
+batch, started either at once (at t) or after waiting for a later arrival (an optimal
+schedule may idle for one; waiting until any other moment never helps). In the batch
+every arrived, unfinished request idles, is evicted (m > 0), or processes c in 1..S-m
+tokens (S = I + n), subject to C, P, M (block rounding) and optionally a maximum number
+of processing requests. A batch that only evicts takes no time (it only matters when the
+next batch refills the evicted request).
+
+Each objective is a sum (or max) of event times, so it is written as a cost that grows
+along a path:
+
+* total_latency  J = end of the last batch
+* mean_latency   J = sum of completion times  (minus the sum of arrivals, then / k)
+* mean_ttft      J = sum of first-token times (minus the sum of arrivals, then / k)
+
+The priority of a search node is f = (the events already fixed) + (a lower bound on each
+pending event: it cannot happen before max(t, a_i) + r_i * t_min, where r_i is the
+number of batches request i still needs (each batch generates at most one of its tokens)
+and t_min = intercept + per_token is the cheapest batch). f never decreases along a move,
+so the first goal node popped is optimal.
+
+Two nodes with the same (m, n) are compared by (t, fixed events): a node that is no later
+and has no worse fixed events dominates, because any continuation of the later one can be
+replayed from the earlier one with every batch starting no later. Dominated nodes are
+skipped. `heuristic=False, dominance=False` turns both off (plain uniform-cost search over
+exact (m, n, t) states), which the tests use to check the pruned search.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from dataclasses import dataclass
+
+from kvbound import Batch, Instance, Schedule
+
+OBJECTIVES = ("total_latency", "mean_latency", "mean_ttft")
+
+
+@dataclass
+class OracleResult:
+    value: float  # the optimal value of the objective (seconds)
+    schedule: Schedule  # a schedule that attains it
+
+
+@dataclass
+class _Node:
+    f: float  # priority: fixed events + lower bounds on the pending ones
+    t: float  # the clock: end of the last batch
+    fixed: float  # sum of the event times already fixed (0 for total_latency)
+    state: tuple  # per request (m, n)
+    parent: "_Node | None"
+    move: tuple | None  # (start or None, tokens {id: c}, evicted ids): the batch that led here
+
+
+class _Problem:
+    """The instance's numbers and the semantics of one batch, written out plainly."""
+
+    def __init__(self, instance: Instance, allow_evict: bool, max_batch_size: int | None):
+        self.I = [r.prompt for r in instance.requests]
+        self.O = [r.output for r in instance.requests]
+        self.a = [r.arrival for r in instance.requests]
+        self.k = len(self.I)
+        s = instance.system
+        self.C, self.P, self.M, self.b = s.max_batch_tokens, s.max_prefill_tokens, s.kv_capacity, s.block_size
+        self.cost = instance.cost
+        self.allow_evict = allow_evict
+        self.max_batch_size = max_batch_size
+        self.t_min = self.cost.intercept + self.cost.per_token
+        self.arrival_times = sorted(set(self.a))
+
+    def blocks(self, tokens: int) -> int:
+        return math.ceil(tokens / self.b) * self.b
+
+    def finished(self, i: int, state) -> bool:
+        return state[i][1] == self.O[i]
+
+    def options(self, i: int, state, t: float):
+        """Per-request choices in one batch: (c, evicted, kv after, prefill?, time contribution)."""
+        m, n = state[i]
+        if n == self.O[i]:
+            return [(0, False, 0, False, 0.0)]
+        kv_idle = self.blocks(m)
+        if self.a[i] > t:  # not arrived: it can only wait (and holds nothing)
+            return [(0, False, kv_idle, False, 0.0)]
+        out = [(0, False, kv_idle, False, 0.0)]
+        if self.allow_evict and m > 0:
+            out.append((0, True, 0, False, 0.0))
+        S = self.I[i] + n
+        cm = self.cost
+        for c in range(1, S - m + 1):
+            decode = n >= 1 and S - m == 1
+            if decode:
+                dt = cm.per_token * c + cm.decode_kv * m
+            else:
+                dt = (cm.per_token * c + cm.prefill_attention * (c * c + 2 * m * c)
+                      + cm.prefill_kv * m + cm.per_prefill_request)
+            out.append((c, False, self.blocks(m + c), not decode, dt))
+        return out
+
+    def batches(self, state, t: float):
+        """Every valid batch from `state` at time `t`: (tokens, evict, duration)."""
+        per_request = [self.options(i, state, t) for i in range(self.k)]
+        for choice in itertools.product(*per_request):
+            tokens = sum(o[0] for o in choice)
+            evicts = [i for i, o in enumerate(choice) if o[1]]
+            if tokens == 0 and not evicts:
+                continue
+            if tokens > self.C:
+                continue
+            if sum(o[0] for o in choice if o[3]) > self.P:
+                continue
+            if sum(o[2] for o in choice) > self.M:
+                continue
+            if self.max_batch_size is not None and sum(1 for o in choice if o[0] > 0) > self.max_batch_size:
+                continue
+            duration = self.cost.intercept + sum(o[4] for o in choice) if tokens else 0.0
+            yield {i: o[0] for i, o in enumerate(choice) if o[0] > 0}, tuple(evicts), duration
+
+    def apply(self, state, tokens: dict, evict: tuple):
+        """The state after a batch: m += c; a token is generated when m reaches S; KV freed at finish."""
+        new = list(state)
+        for i in evict:
+            new[i] = (0, state[i][1])
+        for i, c in tokens.items():
+            m, n = state[i]
+            m += c
+            if m == self.I[i] + n:
+                n += 1
+                if n == self.O[i]:
+                    m = 0
+            new[i] = (m, n)
+        return tuple(new)
+
+
+def _goal(problem: _Problem, objective: str, state) -> bool:
+    if objective == "mean_ttft":
+        return all(n >= 1 for _, n in state)
+    return all(n == o for (_, n), o in zip(state, problem.O))
+
+
+def _events(problem: _Problem, objective: str, before, after, end: float) -> float:
+    """Event times fixed by one batch ending at `end` (completions or first tokens)."""
+    if objective == "total_latency":
+        return 0.0
+    total = 0.0
+    for i in range(problem.k):
+        if objective == "mean_latency" and before[i][1] < problem.O[i] == after[i][1]:
+            total += end
+        if objective == "mean_ttft" and before[i][1] == 0 < after[i][1]:
+            total += end
+    return total
+
+
+def _bound(problem: _Problem, objective: str, state, t: float, fixed: float, heuristic: bool) -> float:
+    """f: fixed events plus a lower bound on each pending event time."""
+    pending = []
+    for i, (m, n) in enumerate(state):
+        if objective == "mean_ttft":
+            need = 1 if n == 0 else 0
+        else:
+            need = problem.O[i] - n
+        if need:
+            pending.append(max(t, problem.a[i]) + need * problem.t_min if heuristic else t)
+    if objective == "total_latency":
+        return max([t] + pending)
+    return fixed + sum(pending)
+
+
+def _search(problem: _Problem, objective: str, state, t: float, heuristic: bool, dominance: bool) -> _Node:
+    counter = itertools.count()
+    root = _Node(_bound(problem, objective, state, t, 0.0, heuristic), t, 0.0, state, None, None)
+    heap = [(root.f, -t, next(counter), root)]
+    labels: dict = {}  # (m, n) -> [(t, fixed)] expanded
+    closed: set = set()
+    while heap:
+        _, _, _, node = heapq.heappop(heap)
+        if _goal(problem, objective, node.state):
+            return node
+        if dominance:
+            seen = labels.setdefault(node.state, [])
+            if any(t0 <= node.t and f0 <= node.fixed for t0, f0 in seen):
+                continue
+            seen.append((node.t, node.fixed))
+        else:
+            key = (node.state, node.t)
+            if key in closed:
+                continue
+            closed.add(key)
+        # a batch now, or after waiting for a later arrival (waiting is part of the move, so
+        # a later start is never compared with, and pruned by, the node it waits from)
+        for start in [node.t] + [a for a in problem.arrival_times if a > node.t]:
+            for tokens, evict, duration in problem.batches(node.state, start):
+                if start > node.t and not tokens:
+                    continue  # evicting takes no time: do it now, not after a wait
+                end = start + duration
+                after = problem.apply(node.state, tokens, evict)
+                fixed = node.fixed + _events(problem, objective, node.state, after, end)
+                f = _bound(problem, objective, after, end, fixed, heuristic)
+                child = _Node(f, end, fixed, after, node, (start if start > node.t else None, tokens, evict))
+                heapq.heappush(heap, (f, -end, next(counter), child))
+    raise AssertionError("no schedule finishes this instance (the case validation should have refused it)")
+
+
+def _path(node: _Node) -> list[_Node]:
+    out = []
+    while node.parent is not None:
+        out.append(node)
+        node = node.parent
+    return out[::-1]
+
+
+def _batches(path: list[_Node]) -> list[Batch]:
+    return [Batch(dict(tokens), tuple(evict), start) for start, tokens, evict in (node.move for node in path)]
+
+
+def brute_force(instance: Instance, objective: str = "total_latency", allow_evict: bool = True,
+                max_batch_size: int | None = None, *, heuristic: bool = True, dominance: bool = True) -> OracleResult:
+    """The exact optimum of `objective` over every valid schedule of a tiny instance."""
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective must be one of {OBJECTIVES}")
+    problem = _Problem(instance, allow_evict, max_batch_size)
+    start = tuple((0, 0) for _ in range(problem.k))
+    goal = _search(problem, objective, start, 0.0, heuristic, dominance)
+    path = _path(goal)
+    if objective == "total_latency":
+        value = goal.t
+    else:
+        value = (goal.fixed - sum(problem.a)) / problem.k
+    if objective == "mean_ttft":
+        # every request has its first token; finish them all (any valid way: the fastest)
+        rest = _search(problem, "total_latency", goal.state, goal.t, heuristic, dominance)
+        path += _path(rest)
+    return OracleResult(value, Schedule(instance.requests, _batches(path)))
