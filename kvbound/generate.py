@@ -232,28 +232,30 @@ MIX46_MAX_BATCH_TOKENS = 4096
 MIX46_SEED = 46
 
 
-def mix46_requests(a: str, b: str) -> list[Request]:
-    """8 requests of group `a` and 8 of group `b`, each length drawn uniformly from its set, shuffled.
+def mix46_requests(a: str, b: str, per_group: int = MIX46_PER_GROUP) -> list[Request]:
+    """`per_group` requests of group `a` and as many of group `b`, each length drawn uniformly from its set, shuffled.
 
-    The generator is seeded with (46, index of a, index of b), so each mix has its own fixed draw.
+    The generator is seeded with (46, index of a, index of b[, per_group if not 8]), so each mix has its own fixed draw.
     """
     names = list(MIX46_GROUPS)
-    rng = np.random.default_rng([MIX46_SEED, names.index(a), names.index(b)])
+    seed = [MIX46_SEED, names.index(a), names.index(b)] + ([per_group] if per_group != MIX46_PER_GROUP else [])
+    rng = np.random.default_rng(seed)
     reqs = []
     for group in (a, b):
         prompts, outputs = MIX46_GROUPS[group]
-        for _ in range(MIX46_PER_GROUP):
+        for _ in range(per_group):
             reqs.append(Request(int(rng.choice(prompts)), int(rng.choice(outputs))))
     order = rng.permutation(len(reqs))
     return [reqs[k] for k in order]
 
 
-def mix46_case_text(a: str, b: str) -> str:
-    reqs = mix46_requests(a, b)
+def mix46_case_text(a: str, b: str, per_group: int = MIX46_PER_GROUP) -> str:
+    reqs = mix46_requests(a, b, per_group)
     peaks = sum(r.peak_kv for r in reqs)
+    suffix = "" if per_group == MIX46_PER_GROUP else f"_{2 * per_group}"
     return case_text(
-        reqs, name=f"mix46_{a}_{b}",
-        description=(f"Seed paper Section 4.6 mix {a.upper()} + {b.upper()}: {MIX46_PER_GROUP} + {MIX46_PER_GROUP} offline "
+        reqs, name=f"mix46_{a}_{b}{suffix}",
+        description=(f"Seed paper Section 4.6 mix {a.upper()} + {b.upper()}: {per_group} + {per_group} offline "
                      "requests, lengths drawn uniformly from S = {8, 16} (small) and L = {512, 1024} (large) with seed "
                      f"({MIX46_SEED}, group indices), shuffled. M = {MIX46_KV_CAPACITY} for every mix: at least twice the "
                      "largest single peak KV (2047 tokens, LILO), and below the total peak of any mix with large outputs "
@@ -266,6 +268,7 @@ def shipped_cases() -> dict[str, str]:
     """Relative path under cases/ -> text, for the families generated here."""
     out = {f"fig15/fig15_I{p}.toml": fig15_case_text(p) for p in FIG15_PROMPTS}
     out.update({f"mix46/{a}_{b}.toml": mix46_case_text(a, b) for a, b in MIX46_PAIRS})
+    out["mix46/siso_liso_32.toml"] = mix46_case_text("siso", "liso", 16)  # the 32-request solver benchmark case
     return out
 
 

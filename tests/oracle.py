@@ -42,7 +42,8 @@ import itertools
 import math
 from dataclasses import dataclass
 
-from kvbound import Batch, Instance, Schedule
+from kvbound import Batch, CostModel, Instance, Request, Schedule, SystemConfig
+from kvbound.costs import PRESETS
 
 OBJECTIVES = ("total_latency", "mean_latency", "mean_ttft")
 
@@ -81,9 +82,6 @@ class _Problem:
 
     def blocks(self, tokens: int) -> int:
         return math.ceil(tokens / self.b) * self.b
-
-    def finished(self, i: int, state) -> bool:
-        return state[i][1] == self.O[i]
 
     def options(self, i: int, state, t: float):
         """Per-request choices in one batch: (c, evicted, kv after, prefill?, time contribution)."""
@@ -143,9 +141,9 @@ class _Problem:
         return tuple(new)
 
 
-def _goal(problem: _Problem, objective: str, state) -> bool:
-    if objective == "mean_ttft":
-        return all(n >= 1 for _, n in state)
+def _goal(problem: _Problem, state) -> bool:
+    # every objective needs a complete schedule (for mean_ttft too: without evictions a
+    # state where every request has its first token may have no way to finish)
     return all(n == o for (_, n), o in zip(state, problem.O))
 
 
@@ -177,15 +175,17 @@ def _bound(problem: _Problem, objective: str, state, t: float, fixed: float, heu
     return fixed + sum(pending)
 
 
-def _search(problem: _Problem, objective: str, state, t: float, heuristic: bool, dominance: bool) -> _Node:
+def _search(problem: _Problem, objective: str, heuristic: bool, dominance: bool) -> _Node:
+    """A* from the empty state at time 0; returns the first complete node popped (optimal)."""
     counter = itertools.count()
-    root = _Node(_bound(problem, objective, state, t, 0.0, heuristic), t, 0.0, state, None, None)
-    heap = [(root.f, -t, next(counter), root)]
+    state = tuple((0, 0) for _ in range(problem.k))
+    root = _Node(_bound(problem, objective, state, 0.0, 0.0, heuristic), 0.0, 0.0, state, None, None)
+    heap = [(root.f, 0.0, next(counter), root)]  # ties: the later clock (nearer the end) first
     labels: dict = {}  # (m, n) -> [(t, fixed)] expanded
     closed: set = set()
     while heap:
         _, _, _, node = heapq.heappop(heap)
-        if _goal(problem, objective, node.state):
+        if _goal(problem, node.state):
             return node
         if dominance:
             seen = labels.setdefault(node.state, [])
@@ -230,15 +230,55 @@ def brute_force(instance: Instance, objective: str = "total_latency", allow_evic
     if objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {OBJECTIVES}")
     problem = _Problem(instance, allow_evict, max_batch_size)
-    start = tuple((0, 0) for _ in range(problem.k))
-    goal = _search(problem, objective, start, 0.0, heuristic, dominance)
-    path = _path(goal)
+    goal = _search(problem, objective, heuristic, dominance)
     if objective == "total_latency":
         value = goal.t
     else:
         value = (goal.fixed - sum(problem.a)) / problem.k
-    if objective == "mean_ttft":
-        # every request has its first token; finish them all (any valid way: the fastest)
-        rest = _search(problem, "total_latency", goal.state, goal.t, heuristic, dominance)
-        path += _path(rest)
-    return OracleResult(value, Schedule(instance.requests, _batches(path)))
+    return OracleResult(value, Schedule(instance.requests, _batches(_path(goal))))
+
+
+# --------------------------------------------------------------------------- tiny instances for tests
+
+#: cost models for tiny instances: every batch 1 s; the A100 preset; all six terms non-zero
+#: (dyadic numbers, so sums are exact and ties are real ties)
+TINY_COSTS = {
+    "unit-batches": CostModel(intercept=1.0),
+    "llama2-7b-a100": PRESETS["llama2-7b-a100"],
+    "all-terms": CostModel(intercept=1.0, per_token=0.25, decode_kv=0.125, prefill_attention=0.0625,
+                           prefill_kv=0.5, per_prefill_request=0.75),
+}
+
+
+def tiny_instances(min_requests: int = 2, max_requests: int = 3, max_prompt: int = 4, max_output: int = 3,
+                   arrivals: bool | None = None, costs=tuple(TINY_COSTS)):
+    """Hypothesis strategy: instances small enough for `brute_force` (2-3 requests, I <= 4, O <= 3).
+
+    arrivals: False offline, True some request arrives later, None either. Arrivals are small
+    multiples of the cost model's intercept, so that waiting for one is sometimes worth it.
+    costs: names from TINY_COSTS to draw from.
+    """
+    from hypothesis import strategies as st
+
+    @st.composite
+    def build(draw):
+        k = draw(st.integers(min_requests, max_requests))
+        cost_name = draw(st.sampled_from(sorted(costs)))
+        cost = TINY_COSTS[cost_name]
+        online = draw(st.booleans()) if arrivals is None else arrivals
+        requests = []
+        for i in range(k):
+            arrival = 0.0
+            if online and i > 0:
+                arrival = draw(st.sampled_from([0, 1, 2, 3, 5])) * 0.5 * cost.intercept
+            requests.append(Request(draw(st.integers(1, max_prompt)), draw(st.integers(1, max_output)), arrival))
+        if online and all(r.arrival == 0 for r in requests):
+            requests[-1] = Request(requests[-1].prompt, requests[-1].output, 0.5 * cost.intercept)
+        b = draw(st.integers(1, 3))
+        blocks = [-(-r.peak_kv // b) * b for r in requests]
+        M = draw(st.integers(max(blocks), sum(blocks) + b))
+        C = draw(st.integers(1, 2 * max_prompt))
+        P = draw(st.integers(1, C))
+        return Instance(tuple(requests), SystemConfig(M, C, P, b), cost, name=f"tiny/{cost_name}")
+
+    return build()

@@ -60,6 +60,11 @@ class Formulation:
     info: dict = field(default_factory=dict)
 
     @property
+    def free_end(self) -> bool:
+        """The model stops at the first tokens (mean TTFT with evictions allowed); schedules are completed after."""
+        return stops_at_first_tokens(self.objective, self.constraints)
+
+    @property
     def blocks(self) -> dict:
         return self.model.blocks
 
@@ -79,38 +84,56 @@ class Formulation:
         return _extract(self, x)
 
 
-def horizon_for(instance: Instance, objective: str, upper_bound: float, allow_evict: bool = True) -> tuple[int, bool, str]:
+def stops_at_first_tokens(objective: str, constraints: Constraints) -> bool:
+    return objective == "mean_ttft" and not constraints.no_evict
+
+
+def horizon_for(instance: Instance, objective: str, upper_bound: float, allow_evict: bool = True,
+                evict_batches_implicit: bool = False) -> tuple[int, bool, str]:
     """(J, certified, reason): a batch count that admits an optimal schedule, given the latency
     `upper_bound` of a valid schedule for the same objective and constraints.
 
-    An optimal schedule needs no batch that processes nothing (its evictions can be done
-    in a batch of their own without time, or with the next batch), every processing batch
-    costs at least the intercept, and every schedule spends at least `minimum_work` on
-    top of its intercepts.
+    Every processing batch costs at least the intercept, and every schedule spends at least
+    `minimum_work` on top of its intercepts, which bounds the processing batches. A batch
+    that processes nothing is only needed to evict a request that the next batch refills
+    (other evictions move into the next batch); at most one before each processing batch,
+    unless the formulation represents such a batch inside the next one
+    (`evict_batches_implicit`).
     """
     cost = instance.cost
-    work = minimum_work(instance)
     n = len(instance)
     if objective == "total_latency":
-        budget = upper_bound
-    elif objective == "mean_latency":
-        # makespan <= sum of completions = n * mean latency + sum of arrivals
-        budget = n * upper_bound + float(instance.arrivals.sum())
-    else:  # mean_ttft: the batches up to the last first token are bounded the same way ...
-        budget = n * upper_bound + float(instance.arrivals.sum())
+        budget, work = upper_bound, minimum_work(instance)
+    else:
+        # The last completion (first token) of an optimal schedule comes at most at the sum of all of them,
+        # n * mean + sum of arrivals, less what every other request needs at least after its arrival.
+        first = objective == "mean_ttft"
+        own = [r.arrival + own_time_lower_bound(instance, i, first) for i, r in enumerate(instance.requests)]
+        budget = n * upper_bound + float(instance.arrivals.sum()) - (sum(own) - max(own))
+        work = minimum_work(instance) if not first else sum(cost.per_token * r.prompt + cost.prefill_attention * r.prompt ** 2 + cost.per_prefill_request
+                   for r in instance.requests)
     processing = max(0, math.floor((budget - work) / cost.intercept * (1 + 1e-12) + 1e-9))
-    # A batch that only evicts can be needed between processing batches, unless dropping the eviction
-    # (the request continues instead of refilling) never costs more: decode_kv, prefill_kv <= per_token.
-    evict_only_useless = not allow_evict or (cost.decode_kv <= cost.per_token and cost.prefill_kv <= cost.per_token)
-    horizon = processing if evict_only_useless else 2 * processing
+    horizon = processing if (not allow_evict or evict_batches_implicit) else 2 * processing
     if objective == "mean_ttft":
-        if not allow_evict:
-            return max(horizon, 1), False, "the tail after the last first token is not bounded without evictions"
-        # ... and after it every request can finish alone after evicting the rest
-        P = min(instance.system.max_prefill_tokens, instance.system.max_batch_tokens)
-        tail = sum(math.ceil((r.prompt + r.output) / P) + r.output + 1 for r in instance.requests)
-        return horizon + tail, True, "first-token phase bounded by the upper bound, tail by serving requests one by one"
+        if allow_evict:  # the model stops at the first tokens; any prefix can then be completed by evicting
+            return max(horizon, 1), True, "batches up to the last first token <= (bound on its time - prefill work) / intercept"
+        # without evictions only decodes are left after the last first token, one token per batch at least
+        tail = sum(r.output - 1 for r in instance.requests)
+        return horizon + tail, True, "first-token phase bounded by the upper bound, then at most sum(O - 1) decode batches"
     return max(horizon, 1), True, "batches <= (upper bound - minimum work) / intercept"
+
+
+def own_time_lower_bound(instance: Instance, i: int, first_token: bool = False) -> float:
+    """Least time request i needs from its arrival to its completion (first token), even alone."""
+    r = instance.requests[i]
+    cost = instance.cost
+    P = min(instance.system.max_prefill_tokens, instance.system.max_batch_tokens)
+    prefill = math.ceil(r.prompt / P) * cost.intercept + cost.per_token * r.prompt + cost.prefill_attention * r.prompt ** 2 \
+        + cost.per_prefill_request
+    if first_token:
+        return prefill
+    alone = Instance((r,), instance.system, instance.cost)
+    return (math.ceil(r.prompt / P) + r.output - 1) * cost.intercept + minimum_work(alone)
 
 
 def minimum_work(instance: Instance) -> float:
@@ -158,7 +181,10 @@ def build_bigm(instance: Instance, objective: str = "total_latency", horizon: in
     m = md.add_vars("m", (N, J + 1), 0, col(Rk), True)
     f = md.binary("f", (N, J + 1))
     lbf = np.zeros((N, J + 1))
-    lbf[:, J] = 1  # termination: every request finishes within the horizon
+    # termination: every request finishes within the horizon; for mean TTFT only the first tokens matter,
+    # so the model stops there (a relaxation) and the extracted prefix is completed afterwards
+    free_end = stops_at_first_tokens(objective, constraints)
+    lbf[:, J] = 0 if free_end else 1
     ubf = np.ones((N, J + 1))
     ubf[:, 0] = 0
     md.lb[-1] = lbf.reshape(-1)
@@ -207,6 +233,8 @@ def build_bigm(instance: Instance, objective: str = "total_latency", horizon: in
     # finished after batch j: f = 1 iff S = I + O
     md.add_rows(NJ, [(Sn, 1), (fn, -Oc)], lo=Ic)
     md.add_rows(NJ, [(Sn, 1), (fn, -1)], hi=Ic + Oc - 1)
+    if free_end:
+        md.add_rows(N, [(S[:, J], 1)], lo=I + 1)
     # cached after the batch (paper (1), second half): r + c, or 0 once finished (KV freed)
     md.add_rows(NJ, [(mn, 1), (r, -1), (c, -1)], hi=0)
     md.add_rows(NJ, [(mn, 1), (r, -1), (c, -1), (fn, Rkc)], lo=0)
@@ -231,9 +259,12 @@ def build_bigm(instance: Instance, objective: str = "total_latency", horizon: in
         kb = md.add_vars("kv_blocks", NJ, 0, col(np.ceil(Rk / b)), True)
         md.add_rows(NJ, [(kb, b), (r, -1), (c, -1)], lo=0)
         md.add_rows(J, [(kb.T, b)], hi=M)
-    # empty batches last (every schedule has such an equivalent)
+    # unused batches (nothing processed or evicted) last: every schedule has such an equivalent
     if J > 1:
-        md.add_rows(J - 1, [(y[:-1], 1), (y[1:], -1)], lo=0)
+        used = md.binary("used", J)
+        md.add_rows(NJ, [(used[None, :], 1), (e, -1)], lo=0)
+        md.add_rows(J, [(used, 1), (y, -1)], lo=0)
+        md.add_rows(J - 1, [(used[:-1], 1), (used[1:], -1)], lo=0)
 
     # ---- batch time T_j = coef . features, products linearised from below
     terms = [(T, 1), (y, -c_int), (c.T, -c_tok), (p.T, -c_ppr)]
@@ -321,13 +352,9 @@ def _flat_terms(terms):
 
 # ------------------------------------------------------------------------------ warm starts
 
-def _assignment(form: Formulation, schedule: Schedule) -> np.ndarray:
-    inst = form.instance
-    md = form.model
-    B = md.blocks
-    N, J = len(inst), form.horizon
-    batches = [bt for bt in schedule.batches if bt.tokens or bt.evict]
-    # an evict-only batch merges into the next one unless that one processes an evicted request
+def _merge_evict_only(batches) -> list[Batch]:
+    """The schedule's batches without empty ones; an evict-only batch merges into the next batch
+    unless that one processes a request it evicts (same schedule, fewer batches)."""
     merged: list[Batch] = []
     pending: list[int] = []
     for bt in batches:
@@ -342,6 +369,16 @@ def _assignment(form: Formulation, schedule: Schedule) -> np.ndarray:
         merged.append(bt)
     if pending:
         merged.append(Batch({}, tuple(pending), None))
+    return merged
+
+
+def _assignment(form: Formulation, schedule: Schedule) -> np.ndarray:
+    inst = form.instance
+    md = form.model
+    B = md.blocks
+    N, J = len(inst), form.horizon
+    merged = _merge_evict_only(first_token_prefix(inst, schedule.batches) if form.free_end
+                               else schedule.batches)
     if len(merged) > J:
         raise ValueError(f"the schedule has {len(merged)} batches, more than the horizon J = {J}")
     x = np.zeros(md.n_cols)
@@ -359,7 +396,7 @@ def _assignment(form: Formulation, schedule: Schedule) -> np.ndarray:
         m_prev = list(st.m)
         n_prev = list(st.n)
         evicted = set(bt.evict)
-        st.apply(Batch(bt.tokens, bt.evict, None))
+        st.apply(Batch(bt.tokens, bt.evict, bt.start))
         tok = ptok = npre = 0
         dkv = pkv = att = 0
         any_c = False
@@ -405,6 +442,8 @@ def _assignment(form: Formulation, schedule: Schedule) -> np.ndarray:
                     att += cp * cp + 2 * ri * cp
                     pkv += ri
         x[B["y"][j]] = any_c
+        if "used" in B:
+            x[B["used"][j]] = any_c or bool(bt.evict)
         T = float(np.dot(coef, [1.0 if any_c else 0.0, tok, dkv, att, pkv, npre]))
         x[B["T"][j]] = T
         start = clock + prev_T
@@ -428,6 +467,54 @@ def _assignment(form: Formulation, schedule: Schedule) -> np.ndarray:
     return x
 
 
+def first_token_prefix(instance: Instance, batches: list[Batch]) -> list[Batch]:
+    """The batches up to the one that generates the last first token."""
+    st = ReplayState(instance)
+    for k, bt in enumerate(batches):
+        st.apply(bt)
+        if min(st.n) >= 1:
+            return list(batches[: k + 1])
+    return list(batches)
+
+
+def complete_schedule(instance: Instance, batches: list[Batch], allow_evict: bool = True) -> Schedule | None:
+    """`batches` followed by batches that finish every request: each batch serves the unfinished
+    requests with the least work left first while C, P and M allow; when nothing fits, all but one
+    request are evicted (if allowed; else None). Used after models that stop at the first tokens."""
+    st = ReplayState(instance)
+    for bt in batches:
+        st.apply(bt)
+    out = list(batches)
+    s = instance.system
+    P = min(s.max_prefill_tokens, s.max_batch_tokens)
+    while st.unfinished:
+        order = sorted((i for i in range(len(instance)) if not st.finished[i]),
+                       key=lambda i: (st.prompt[i] + st.output[i] - st.m[i] - st.n[i], i))
+        tokens: dict[int, int] = {}
+        kv, tok, ptok = st.kv_used, 0, 0
+        for i in order:
+            S = st.prompt[i] + st.n[i]
+            decode = st.n[i] >= 1 and S - st.m[i] == 1
+            c = 1 if decode else min(S - st.m[i], s.max_batch_tokens - tok, P - ptok)
+            grow = s.blocks(st.m[i] + c) - s.blocks(st.m[i]) if c > 0 else 0
+            if c < 1 or tok + c > s.max_batch_tokens or kv + grow > s.kv_capacity:
+                continue
+            tokens[i] = c
+            tok, kv = tok + c, kv + grow
+            ptok += 0 if decode else c
+        if tokens:
+            bt = Batch(tokens, (), None)
+        else:
+            keep = order[0]
+            victims = tuple(i for i in order[1:] if st.m[i] > 0)
+            if not allow_evict or not victims:
+                return None
+            bt = Batch({}, victims, None)
+        st.apply(bt)
+        out.append(bt)
+    return Schedule(instance.requests, out)
+
+
 def _extract(form: Formulation, x: np.ndarray) -> Schedule:
     inst = form.instance
     B = form.model.blocks
@@ -448,4 +535,6 @@ def _extract(form: Formulation, x: np.ndarray) -> Schedule:
         bt = Batch(tokens, evict, start)
         st.apply(bt)
         batches.append(bt)
+    if st.unfinished:
+        return complete_schedule(inst, batches, allow_evict=not form.constraints.no_evict)
     return Schedule(inst.requests, batches)

@@ -37,6 +37,8 @@ class UnifiedParams:
     def __post_init__(self):
         if self.priority not in PRIORITIES:
             raise ValueError(f"priority must be one of {PRIORITIES}")
+        if self.prefill_limit is not None and self.prefill_limit < 1:
+            raise ValueError(f"prefill_limit must be >= 1 (or none: the system's P), got {self.prefill_limit}")
         if self.victim not in ("lowest-priority", "shortest"):
             raise ValueError("victim must be lowest-priority or shortest")
         if self.reserve not in ("incremental", "peak"):

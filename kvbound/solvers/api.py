@@ -14,14 +14,16 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import KvboundError, SchedulerRefused, SchedulerStuck
-from ..formulation.bigm import OBJECTIVES, Constraints, build_bigm, horizon_for
+from ..formulation.bigm import (OBJECTIVES, Constraints, build_bigm, first_token_prefix, horizon_for,
+                               stops_at_first_tokens)
+from ..formulation.network import build_network
 from ..schedule import Batch, Metrics, ReplayState, Schedule, validate
 from ..schedulers import FAST_HEURISTICS, run_scheduler
 from ..workload import Instance
 from .backends import BACKENDS, solve_cbc, solve_cpsat, solve_highs
 from .bounds import analytic_bounds
 
-FORMULATIONS = ("bigm",)
+FORMULATIONS = ("bigm", "network")
 REL_TOL = 1e-6
 
 
@@ -163,7 +165,8 @@ def solve(instance: Instance, objective: str = "total_latency", backend: str = "
     # the horizon comes from the best schedule of all candidates (they meet the constraints)
     ub = objective_value(best.metrics, objective) if best else None
     if ub is not None:
-        j_cert, certified, why = horizon_for(instance, objective, ub, allow_evict=not constraints.no_evict)
+        j_cert, certified, why = horizon_for(instance, objective, ub, allow_evict=not constraints.no_evict,
+                                             evict_batches_implicit=formulation == "network")
     else:
         j_cert, certified, why = None, False, "no schedule meets the constraints to derive a horizon from"
     if horizon is not None:
@@ -175,10 +178,14 @@ def solve(instance: Instance, objective: str = "total_latency", backend: str = "
             raise KvboundError("cannot derive a horizon: no heuristic schedule meets the constraints; give --horizon")
         J = j_cert
     if best is not None:
-        J = max(J, _batches_needed(best.schedule))
+        prefix = best.schedule
+        if stops_at_first_tokens(objective, constraints):
+            prefix = Schedule(instance.requests, first_token_prefix(instance, best.schedule.batches))
+        J = max(J, _batches_needed(prefix, formulation))
     tick = _tick_for(instance, J) if backend == "cpsat" else None
     t_build = time.perf_counter()
-    form = build_bigm(instance, objective, J, constraints, tick=tick)
+    builder = build_network if formulation == "network" else build_bigm
+    form = builder(instance, objective, J, constraints, tick=tick)
     arrays = form.model.finalize()
     build_seconds = time.perf_counter() - t_build
     if export:
@@ -203,9 +210,9 @@ def solve(instance: Instance, objective: str = "total_latency", backend: str = "
     # the solver's schedule, re-evaluated exactly
     options: list[Candidate] = []
     if out.x is not None:
-        sched = form.extract(out.x)
-        met = validate(instance, sched).metrics
-        options.append(Candidate("solver", sched, met))
+        sched = form.extract(out.x)  # None: a first-token prefix that cannot be completed without evicting
+        if sched is not None:
+            options.append(Candidate("solver", sched, validate(instance, sched).metrics))
     options += [c for c in cands if cap is None or objective_value(c.metrics, objective) <= cap * (1 + 1e-12)]
     chosen = min(options, key=lambda c: objective_value(c.metrics, objective)) if options else None
     solver_bound = out.bound / scale if math.isfinite(out.bound) else out.bound
@@ -238,7 +245,10 @@ def solve(instance: Instance, objective: str = "total_latency", backend: str = "
                   chosen.metrics if chosen else None, chosen.name if chosen else "", stats)
 
 
-def _batches_needed(schedule: Schedule) -> int:
+def _batches_needed(schedule: Schedule, formulation: str) -> int:
+    """Batches the warm-start schedule occupies in the model (the network model folds evict-only batches)."""
+    if formulation == "network":
+        return sum(1 for b in schedule.batches if b.tokens) + (1 if schedule.batches and not schedule.batches[-1].tokens else 0)
     return sum(1 for b in schedule.batches if b.tokens or b.evict)
 
 

@@ -15,7 +15,7 @@ import math
 import time
 from dataclasses import dataclass
 
-from ..formulation.bigm import minimum_work
+from ..formulation.bigm import minimum_work, own_time_lower_bound
 from ..workload import Instance
 
 
@@ -43,18 +43,6 @@ def min_batches(instance: Instance) -> int:
     return max(by_output, by_tokens, by_prefill, by_area)
 
 
-def _own_work(instance: Instance, i: int) -> float:
-    r = instance.requests[i]
-    single = Instance((r,), instance.system, instance.cost)
-    return minimum_work(single)
-
-
-def _own_batches(instance: Instance, i: int) -> int:
-    r = instance.requests[i]
-    P = min(instance.system.max_prefill_tokens, instance.system.max_batch_tokens)
-    return math.ceil(r.prompt / P) + r.output - 1
-
-
 def analytic_bounds(instance: Instance, objective: str) -> list[Bound]:
     t0 = time.perf_counter()
     cost = instance.cost
@@ -63,17 +51,13 @@ def analytic_bounds(instance: Instance, objective: str) -> list[Bound]:
         nb = min_batches(instance)
         out.append(Bound("batches x intercept + minimum work", nb * cost.intercept + minimum_work(instance),
                          time.perf_counter() - t0, note=f"at least {nb} batches"))
-        per_req = max(r.arrival + _own_batches(instance, i) * cost.intercept + _own_work(instance, i)
-                      for i, r in enumerate(instance.requests))
+        per_req = max(r.arrival + own_time_lower_bound(instance, i) for i, r in enumerate(instance.requests))
         out.append(Bound("latest arrival + own work", per_req, time.perf_counter() - t0))
     elif objective == "mean_latency":
-        mean = sum(_own_batches(instance, i) * cost.intercept + _own_work(instance, i)
-                   for i in range(len(instance))) / len(instance)
+        mean = sum(own_time_lower_bound(instance, i) for i in range(len(instance))) / len(instance)
         out.append(Bound("mean of each request alone", mean, time.perf_counter() - t0))
     else:
-        P = min(instance.system.max_prefill_tokens, instance.system.max_batch_tokens)
-        mean = sum(math.ceil(r.prompt / P) * cost.intercept + cost.per_token * r.prompt + cost.prefill_attention * r.prompt ** 2
-                   + cost.per_prefill_request for r in instance.requests) / len(instance)
+        mean = sum(own_time_lower_bound(instance, i, True) for i in range(len(instance))) / len(instance)
         out.append(Bound("mean first prefill of each request alone", mean, time.perf_counter() - t0))
     return out
 

@@ -1,0 +1,118 @@
+"""Solver benchmark: time to proven optimality, or the gap after a fixed time, per backend and formulation.
+
+    python bench/bench_solvers.py [--time-limit 30] [--backends highs,cpsat,cbc] [--formulations bigm]
+                                  [--cases cases/fig15/fig15_I1.toml,...] [--objective total_latency]
+
+Each (case, formulation, backend) point runs `kvbound.solvers.api.solve` with the default
+warm start and a certified horizon. Results are appended to bench/results/solvers.csv as
+each point finishes (an interrupted run loses nothing; a re-run skips finished points), and
+bench/results/solvers.md is rewritten from the CSV, atomically.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tqdm import tqdm  # noqa: E402
+
+from kvbound import load_case  # noqa: E402
+from kvbound.solvers.api import solve  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results"
+FIG15 = [f"cases/fig15/fig15_I{2 ** k}.toml" for k in range(11)]
+MIXES = ["cases/mix46/siso_liso.toml", "cases/mix46/siso_liso_32.toml"]
+COLUMNS = ("case", "requests", "objective", "formulation", "backend", "time_limit_s", "status", "objective_s",
+           "lower_bound_s", "certified", "gap", "seconds", "time_to_optimal_s", "best_source", "evictions",
+           "horizon", "variables", "build_s", "machine")
+MACHINE = f"{os.cpu_count()}-core CPU"
+
+
+def _key(row) -> tuple:
+    return (row["case"], row["objective"], row["formulation"], row["backend"], str(row["time_limit_s"]))
+
+
+def run_point(case: str, objective: str, formulation: str, backend: str, time_limit: float) -> dict:
+    inst = load_case(ROOT / case)
+    res = solve(inst, objective, backend, time_limit, formulation=formulation)
+    return {
+        "case": case, "requests": len(inst), "objective": objective, "formulation": formulation, "backend": backend,
+        "time_limit_s": time_limit, "status": res.status, "objective_s": res.objective,
+        "lower_bound_s": res.lower_bound, "certified": res.bound_certified,
+        "gap": "" if res.gap is None else f"{res.gap:.6f}", "seconds": f"{res.seconds:.2f}",
+        "time_to_optimal_s": f"{res.seconds:.2f}" if res.status == "optimal" else "",
+        "best_source": res.source, "evictions": res.metrics.evictions if res.metrics else "",
+        "horizon": res.stats["horizon"], "variables": res.stats["model"]["variables"],
+        "build_s": f"{res.stats['build_seconds']:.3f}", "machine": MACHINE,
+    }
+
+
+def write_markdown(rows: list[dict], path: Path) -> None:
+    lines = [
+        "# Solver benchmark",
+        "",
+        f"`python bench/bench_solvers.py`; {MACHINE}; each point: `kvbound solve` with the default warm start "
+        "(best of the fast heuristics), certified horizon, the given time limit. *time to optimal* is empty when the "
+        "solver did not prove optimality within the limit; *gap* is (best schedule - certified lower bound) / best.",
+        "",
+        "| case | N | objective | formulation | backend | limit s | status | best (s) | bound (s) | gap | time to optimal s | evictions | J | vars |",
+        "|---|---:|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        def num(v):
+            try:
+                return f"{float(v):.6g}"
+            except (TypeError, ValueError):
+                return str(v)
+        gap = f"{100 * float(r['gap']):.2f}%" if r["gap"] not in ("", None) else ""
+        lines.append(f"| {Path(r['case']).stem} | {r['requests']} | {r['objective']} | {r['formulation']} | {r['backend']} | "
+                     f"{r['time_limit_s']} | {r['status']} | {num(r['objective_s'])} | {num(r['lower_bound_s'])} | {gap} | "
+                     f"{r['time_to_optimal_s']} | {r['evictions']} | {r['horizon']} | {r['variables']} |")
+    tmp = path.with_suffix(".md.tmp")
+    tmp.write_text("\n".join(lines) + "\n")
+    tmp.replace(path)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--time-limit", type=float, default=30.0)
+    ap.add_argument("--backends", default="highs,cpsat,cbc")
+    ap.add_argument("--formulations", default="bigm")
+    ap.add_argument("--objective", default="total_latency")
+    ap.add_argument("--cases", default=",".join(FIG15 + MIXES))
+    ap.add_argument("--out", default=str(RESULTS / "solvers.csv"))
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    done = {}
+    if out.exists():
+        with open(out, newline="") as fh:
+            for row in csv.DictReader(fh):
+                done[_key(row)] = row
+    points = [(c, args.objective, f, b, args.time_limit) for c in args.cases.split(",")
+              for f in args.formulations.split(",") for b in args.backends.split(",")]
+    todo = [p for p in points if _key(dict(zip(("case", "objective", "formulation", "backend", "time_limit_s"), p))) not in done]
+    new_file = not out.exists()
+    with open(out, "a", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=COLUMNS)
+        if new_file:
+            writer.writeheader()
+        for p in tqdm(todo, desc="solver points", unit="pt"):
+            row = run_point(*p)
+            writer.writerow(row)
+            fh.flush()
+            os.fsync(fh.fileno())  # each finished point is on disk before the next starts
+            done[_key(row)] = row
+    rows = [done[_key(dict(zip(("case", "objective", "formulation", "backend", "time_limit_s"), p)))] for p in points]
+    write_markdown(rows, out.with_suffix(".md"))
+    print(f"wrote {out} and {out.with_suffix('.md')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
