@@ -278,7 +278,7 @@ def tiny_instances(min_requests: int = 2, max_requests: int = 3, max_prompt: int
         blocks = [-(-r.peak_kv // b) * b for r in requests]
         M = draw(st.integers(max(blocks), sum(blocks) + b))
         C = draw(st.integers(1, 2 * max_prompt))
-        P = draw(st.integers(1, C))
+        P = draw(st.one_of(st.just(C), st.integers(1, C)))
         return Instance(tuple(requests), SystemConfig(M, C, P, b), cost, name=f"tiny/{cost_name}")
 
     return build()

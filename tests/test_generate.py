@@ -151,7 +151,7 @@ def test_sample200_is_the_generators_output_for_its_recorded_command(tmp_path, m
 def test_shipped_families_are_generated():
     """cases/fig15 and cases/mix46 are exactly what `python -m kvbound.generate --shipped cases` writes."""
     expected = shipped_cases()
-    assert len(expected) == 11 + 6
+    assert len(expected) == 11 + 6 + 1  # the Figure 15 family, six mixes, and the 32-request SISO + LISO mix
     on_disk = {str(p.relative_to(CASES)): p.read_text() for d in ("fig15", "mix46") for p in (CASES / d).glob("*.toml")}
     assert sorted(on_disk) == sorted(expected)
     for rel, text in expected.items():

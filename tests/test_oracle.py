@@ -3,12 +3,13 @@
 The oracle re-implements the semantics independently of `kvbound.schedule`; every schedule
 it returns is replayed by `kvbound.validate`, which must reproduce the oracle's value.
 """
+import json
 import math
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from kvbound import CostModel, Instance, Request, SystemConfig, validate
+from kvbound import CostModel, Instance, Request, Schedule, SystemConfig, validate
 from kvbound.costs import PRESETS
 from tests.oracle import OBJECTIVES, brute_force, tiny_instances
 
@@ -97,6 +98,9 @@ def test_waiting_for_an_arrival_is_optimal():
     assert len(res.schedule.batches) == 1
     assert res.schedule.batches[0].start == pytest.approx(0.1)
     assert res.schedule.batches[0].tokens == {0: 1, 1: 1, 2: 1}
+    # the start survives the schedule's JSON form
+    again = Schedule.from_json(json.loads(json.dumps(res.schedule.to_json())))
+    assert validate(inst, again).metrics.mean_latency == pytest.approx(3.1 / 3, rel=1e-12)
     total = brute_force(inst, "total_latency")
     assert total.value == pytest.approx(1.1)
     replayed(inst, total, "total_latency")
@@ -135,14 +139,15 @@ def test_max_batch_size():
 
 
 def test_block_rounding_limits_memory():
-    # I = 1, O = 2 twice, blocks of 2, M = 4: both prefills fit (2 + 2 blocks-rounded tokens), and
-    # so do both decodes (ceil(2/2)*2 = 2 each): 2 batches; with M = 3 they cannot share (and the
-    # block-rounded peak of one request is 2): eviction gives 3, as in the eviction case
-    assert brute_force(case([(1, 2), (1, 2)], M=4, b=2)).value == 2
-    inst = case([(1, 2), (1, 2)], M=3, b=2)
-    res = brute_force(inst)
-    assert res.value == 3
-    replayed(inst, res, "total_latency")
+    # I = 1, O = 2 twice (each holds 1 token after its prefill, 2 during its decode).
+    # b = 1, M = 3: prefill both (KV 2), decode 0 (2 + 1), decode 1: 3 batches.
+    # b = 2, M = 3: one cached token costs a whole block of 2, so two requests never hold KV at
+    # once (2 + 2 > 3): one after the other, 4 batches.  b = 2, M = 4: both at once, 2 batches.
+    for b, M, expected in [(1, 3, 3), (2, 3, 4), (2, 4, 2)]:
+        inst = case([(1, 2), (1, 2)], M=M, b=b)
+        res = brute_force(inst)
+        assert res.value == expected, (b, M)
+        replayed(inst, res, "total_latency")
 
 
 def test_unknown_objective():

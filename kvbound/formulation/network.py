@@ -87,6 +87,20 @@ def _build_class(prompt: int, output: int, arrival: float, members: list[int], b
                   a[:, 5].astype(bool), a[:, 6].astype(bool), a[:, 7].astype(bool), a[:, 8].astype(bool), feats)
 
 
+def network_size(instance: Instance, horizon: int) -> int:
+    """About how many transition variables the network model has (before time windows)."""
+    total = 0
+    C = instance.system.max_batch_tokens
+    for I, O, _, _ in request_classes(instance):
+        for n in range(O):
+            S = I + n
+            for m in range(S) if S <= 64 else ():
+                total += 2 + min(S - m, C) + (min(S, C) if m else 0)
+            if S > 64:  # closed form of the same sum: sum_m (S - m) + (S - 1) S + 2 S
+                total += S * (S + 1) // 2 + (S - 1) * S + 2 * S
+    return total * horizon
+
+
 def request_classes(instance: Instance) -> list[tuple[int, int, float, list[int]]]:
     groups: dict[tuple, list[int]] = {}
     for i, r in enumerate(instance.requests):

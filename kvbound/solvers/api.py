@@ -16,14 +16,16 @@ import numpy as np
 from ..errors import KvboundError, SchedulerRefused, SchedulerStuck
 from ..formulation.bigm import (OBJECTIVES, Constraints, build_bigm, first_token_prefix, horizon_for,
                                stops_at_first_tokens)
-from ..formulation.network import build_network
+from ..formulation.network import build_network, network_size
 from ..schedule import Batch, Metrics, ReplayState, Schedule, validate
 from ..schedulers import FAST_HEURISTICS, run_scheduler
 from ..workload import Instance
 from .backends import BACKENDS, solve_cbc, solve_cpsat, solve_highs
 from .bounds import analytic_bounds
 
-FORMULATIONS = ("bigm", "network")
+FORMULATIONS = ("auto", "network", "bigm")
+#: "auto" picks the network model while it stays this small (transition variables), else bigm
+NETWORK_LIMIT = 400_000
 REL_TOL = 1e-6
 
 
@@ -144,7 +146,7 @@ def heuristic_candidates(instance: Instance, names, constraints: Constraints) ->
 # ------------------------------------------------------------------------- solve
 
 def solve(instance: Instance, objective: str = "total_latency", backend: str = "highs", time_limit: float = 60.0,
-          warm_start=FAST_HEURISTICS, formulation: str = "bigm", constraints: Constraints = Constraints(),
+          warm_start=FAST_HEURISTICS, formulation: str = "auto", constraints: Constraints = Constraints(),
           horizon: int | None = None, verbose: bool = False, export: str | None = None) -> Result:
     """Best schedule and lower bound for `objective`; see the module docstring.
 
@@ -159,11 +161,17 @@ def solve(instance: Instance, objective: str = "total_latency", backend: str = "
     if formulation not in FORMULATIONS:
         raise KvboundError(f"unknown formulation {formulation!r}; choose from {', '.join(FORMULATIONS)}")
     t_start = time.perf_counter()
+    requested = formulation
     cands = heuristic_candidates(instance, list(warm_start or ()), constraints)
     cap = constraints.objective_cap
     best = min(cands, key=lambda c: objective_value(c.metrics, objective)) if cands else None
     # the horizon comes from the best schedule of all candidates (they meet the constraints)
     ub = objective_value(best.metrics, objective) if best else None
+    if formulation == "auto":
+        # size the network model with the horizon it would get (bigm's is at most twice that)
+        j_net = horizon or (horizon_for(instance, objective, ub, not constraints.no_evict, True)[0] if ub is not None else 64)
+        small = network_size(instance, j_net) <= NETWORK_LIMIT
+        formulation = "network" if small and constraints.admission_order is None else "bigm"
     if ub is not None:
         j_cert, certified, why = horizon_for(instance, objective, ub, allow_evict=not constraints.no_evict,
                                              evict_batches_implicit=formulation == "network")
@@ -238,7 +246,8 @@ def solve(instance: Instance, objective: str = "total_latency", backend: str = "
         "build_seconds": build_seconds, "warm_start": warm_name, "warm_start_accepted": out.warm_start_accepted,
         "solver_bound": _finite_or_none(solver_bound), "analytic_bound": _finite_or_none(analytic),
         "conditional_bound": _finite_or_none(conditional_bound) if conditional_bound is not None else None,
-        "model": form.info, "tick": tick, "constraints": constraints.describe(), **out.stats,
+        "model": form.info, "tick": tick, "constraints": constraints.describe(), "formulation_requested": requested,
+        **out.stats,
     }
     return Result(status, objective, value, lower, certified, gap, backend, formulation,
                   time.perf_counter() - t_start, chosen.schedule if chosen else None,

@@ -18,7 +18,9 @@ def register(sub) -> None:
     p = sub.add_parser("solve", help="optimal schedule and certified lower bound (MILP)")
     _common(p)
     p.add_argument("--solver", default="highs", choices=BACKENDS)
-    p.add_argument("--formulation", default="bigm", choices=FORMULATIONS)
+    p.add_argument("--formulation", default="auto", choices=FORMULATIONS,
+                   help="network: strong per-class state network; bigm: the seed paper's model; auto (default): "
+                        "network while it is small enough, else bigm")
     p.add_argument("--warm-start", default=",".join(FAST_HEURISTICS),
                    help="heuristics whose best valid schedule seeds the solver (comma list), or none")
     p.add_argument("--no-evict", action="store_true", help="forbid evictions")
@@ -34,11 +36,13 @@ def register(sub) -> None:
     p = sub.add_parser("bound", help="lower bounds on the optimal latency, cheapest first")
     _common(p)
     p.add_argument("--solver", default="highs", choices=BACKENDS, help="backend for the MILP dual bound")
+    p.add_argument("--formulation", default="auto", choices=FORMULATIONS)
     p.set_defaults(func=cmd_bound)
 
     p = sub.add_parser("prove", help="prove or refute a hypothesis with a witness schedule or a bound")
     _common(p)
     p.add_argument("--solver", default="highs", choices=BACKENDS)
+    p.add_argument("--formulation", default="auto", choices=FORMULATIONS)
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--better-than", metavar="SCHEDULER",
                    help="hypothesis: a schedule at least --by percent better than this scheduler exists")
@@ -109,13 +113,13 @@ def cmd_bound(args) -> int:
     bounds = list(analytic_bounds(instance, args.objective))
     res = None
     # the LP and MILP need an upper bound for a certified horizon: the MILP run provides it
-    res = solve(instance, args.objective, args.solver, args.time_limit)
+    res = solve(instance, args.objective, args.solver, args.time_limit, formulation=args.formulation)
     if res.objective is not None:
         bounds.append(lp_bound(instance, args.objective, res.objective, args.time_limit))
     milp = res.stats.get("solver_bound")
     from .bounds import Bound
 
-    bounds.append(Bound(f"MILP dual bound ({args.solver}, bigm, {args.time_limit:g} s)",
+    bounds.append(Bound(f"MILP dual bound ({args.solver}, {res.formulation}, {args.time_limit:g} s)",
                         milp if isinstance(milp, (int, float)) else -math.inf, res.stats["backend_seconds"],
                         res.bound_certified, f"horizon J = {res.stats['horizon']}"))
     certified = [b.value for b in bounds if b.certified and math.isfinite(b.value)]
@@ -159,12 +163,13 @@ def cmd_prove(args) -> int:
 
     instance = load_case(args.case)
     if args.better_than:
-        out = better_than(instance, args.better_than, args.by, args.objective, args.solver, args.time_limit)
+        out = better_than(instance, args.better_than, args.by, args.objective, args.solver, args.time_limit,
+                          args.formulation)
     else:
         if not args.vs:
             raise InputError("--vs", "", "--compare needs --vs B")
         out = compare_sets(instance, args.compare, parse_constraint_set(args.compare), args.vs,
-                           parse_constraint_set(args.vs), args.objective, args.solver, args.time_limit)
+                           parse_constraint_set(args.vs), args.objective, args.solver, args.time_limit, args.formulation)
     if args.json:
         print(json.dumps(out))
         return 0

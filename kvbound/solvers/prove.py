@@ -17,18 +17,19 @@ _EPS = 1e-9
 
 
 def _summary(res: Result) -> dict:
-    return {"status": res.status, "objective": res.objective, "lower_bound": res.lower_bound,
+    return {"status": res.status, "formulation": res.formulation, "objective": res.objective, "lower_bound": res.lower_bound,
             "bound_certified": res.bound_certified, "gap": res.gap, "best_source": res.source,
             "evictions": res.metrics.evictions if res.metrics else None,
             "schedule": res.schedule.to_json() if res.schedule else None}
 
 
-def better_than(instance, scheduler: str, percent: float, objective: str, backend: str, time_limit: float) -> dict:
+def better_than(instance, scheduler: str, percent: float, objective: str, backend: str, time_limit: float,
+                formulation: str = "auto") -> dict:
     base = run_scheduler(instance, scheduler)
     reference = objective_value(base.replay.metrics, objective)
     target = reference * (1 - percent / 100.0)
     strict = percent <= 0  # "better by 0%" means strictly better
-    res = solve(instance, objective, backend, time_limit)
+    res = solve(instance, objective, backend, time_limit, formulation=formulation)
     hyp = (f"a schedule with {objective} {'<' if strict else '<='} {target:.6g} s exists "
            f"({percent:g}% better than {scheduler}'s {reference:.6g} s)")
     found = res.objective is not None and (res.objective < target * (1 - _EPS) if strict else res.objective <= target * (1 + _EPS))
@@ -48,9 +49,9 @@ def better_than(instance, scheduler: str, percent: float, objective: str, backen
 
 
 def compare_sets(instance, name_a: str, set_a: Constraints, name_b: str, set_b: Constraints, objective: str,
-                 backend: str, time_limit: float) -> dict:
-    ra = solve(instance, objective, backend, time_limit / 2, constraints=set_a)
-    rb = solve(instance, objective, backend, time_limit / 2, constraints=set_b)
+                 backend: str, time_limit: float, formulation: str = "auto") -> dict:
+    ra = solve(instance, objective, backend, time_limit / 2, constraints=set_a, formulation=formulation)
+    rb = solve(instance, objective, backend, time_limit / 2, constraints=set_b, formulation=formulation)
     hyp = f"schedules under [{name_a}] reach a strictly lower {objective} than any schedule under [{name_b}]"
     if ra.objective is not None and rb.bound_certified and ra.objective < rb.lower_bound * (1 - _EPS):
         verdict = "proved"

@@ -1,0 +1,293 @@
+"""Heuristic schedulers: valid schedules, documented refusals only, never better than the optimum.
+
+* every scheduler on random small instances: the schedule survives a JSON round trip,
+  replays under `validate` to the same metrics, and refusals happen exactly where the
+  scheduler's documented rule says;
+* on tiny instances, no scheduler beats the brute-force optimum (tests/oracle.py) for total
+  latency, mean latency or mean TTFT, and eviction-free schedulers never evict;
+* fixed cases: stuck/livelock detection, option parsing, the seed paper's Figure 15.
+"""
+import json
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kvbound import (SCHEDULERS, Batch, CostModel, InputError, Instance, Request, Schedule, SystemConfig,
+                     get_scheduler, run_scheduler, simulate, validate)
+from kvbound.costs import PRESETS
+from kvbound.errors import SchedulerRefused, SchedulerStuck
+from kvbound.schedulers import Policy, UnifiedScheduler
+from tests.oracle import OBJECTIVES, brute_force, tiny_instances
+
+# ------------------------------------------------------------------ the documented refusal rules
+
+#: no chunked prefill, may evict: a refill (up to I + O - 1 tokens) must fit P in one batch
+NON_CHUNKING_EVICTING = {"vllm", "vllm-hy", "sarathi-nocp", "sarathi-nohy"}
+#: no chunked prefill, never evicts: only the prompt must fit P
+NON_CHUNKING_EVICTION_FREE = {name + "-ef" for name in NON_CHUNKING_EVICTING} | {"mcsf"}
+#: chunked prefill: serve every valid instance
+CHUNKING = {"sarathi", "sarathi-pc", "sarathi-ef", "sarathi-pc-ef", "rank-i", "rank-o", "evict-short"}
+#: prompts must fit P and (1 - alpha) M; a refill that does not fit stops it loudly (SchedulerStuck)
+PROTECTING = {"fcfs-protect"}
+FCFS_ALPHA = 0.2
+
+EVICTION_FREE = {name for name in SCHEDULERS if name.endswith("-ef")} | {"mcsf"}
+
+
+def test_every_scheduler_has_a_rule():
+    groups = [NON_CHUNKING_EVICTING, NON_CHUNKING_EVICTION_FREE, CHUNKING, PROTECTING]
+    assert set().union(*groups) == set(SCHEDULERS)
+    assert sum(len(g) for g in groups) == len(SCHEDULERS)
+
+
+def blocks(inst, tokens):
+    b = inst.system.block_size
+    return -(-tokens // b) * b
+
+
+def refusal_expected(name, inst) -> bool:
+    P = inst.system.max_prefill_tokens
+    reqs = inst.requests
+    if name in NON_CHUNKING_EVICTING:
+        return any(r.prompt + r.output - 1 > P for r in reqs)
+    if name in NON_CHUNKING_EVICTION_FREE:
+        return any(r.prompt > P for r in reqs)
+    if name in PROTECTING:
+        limit = (1 - FCFS_ALPHA) * inst.system.kv_capacity
+        return any(r.prompt > P or blocks(inst, r.prompt) > limit for r in reqs)
+    return False
+
+
+def stuck_allowed(name, inst) -> bool:
+    """fcfs-protect clears running requests; a refill (up to I + O - 1) may then never fit again."""
+    if name not in PROTECTING:
+        return False
+    limit = (1 - FCFS_ALPHA) * inst.system.kv_capacity
+    return any(r.peak_kv > inst.system.max_prefill_tokens or blocks(inst, r.peak_kv) > limit for r in inst.requests)
+
+
+def run_checked(name, inst):
+    """Run a scheduler; check that a refusal or a stop is allowed (and names it). None if it refused."""
+    try:
+        result = run_scheduler(inst, name)
+    except SchedulerRefused as exc:
+        assert refusal_expected(name, inst), f"{name} refused an instance its rule accepts: {exc}"
+        assert f"scheduler {name} " in str(exc)
+        return None
+    except SchedulerStuck as exc:
+        assert stuck_allowed(name, inst), f"{name} got stuck: {exc}"
+        assert f"scheduler {name} " in str(exc)
+        return None
+    assert not refusal_expected(name, inst), f"{name} accepted an instance its rule refuses"
+    return result
+
+
+# ------------------------------------------------------------------ random small instances
+
+COSTS = [PRESETS["llama2-7b-a100"], PRESETS["unit-batches"],
+         CostModel(intercept=1e-3, per_token=1e-4, decode_kv=1e-6, prefill_attention=1e-6, prefill_kv=1e-6,
+                   per_prefill_request=1e-3)]
+
+
+@st.composite
+def small_instances(draw):
+    k = draw(st.integers(1, 6))
+    cost = draw(st.sampled_from(COSTS))
+    online = draw(st.booleans())
+    requests = []
+    for _ in range(k):
+        arrival = draw(st.integers(0, 8)) * 0.75 * cost.intercept if online else 0.0
+        requests.append(Request(draw(st.integers(1, 40)), draw(st.integers(1, 10)), arrival))
+    b = draw(st.integers(1, 4))
+    peaks = [-(-r.peak_kv // b) * b for r in requests]
+    M = draw(st.integers(max(peaks), sum(peaks) + b))
+    C = draw(st.one_of(st.integers(1, 64), st.integers(50, 128)))
+    P = draw(st.one_of(st.just(C), st.integers(1, C)))
+    return Instance(tuple(requests), SystemConfig(M, C, P, b), cost)
+
+
+SMALL = settings(max_examples=30, deadline=None, database=None,
+                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+
+
+@pytest.mark.parametrize("name", sorted(SCHEDULERS))
+@SMALL
+@given(inst=small_instances())
+def test_schedules_validate_after_a_json_round_trip(name, inst):
+    result = run_checked(name, inst)
+    if result is None:
+        return
+    text = json.dumps(result.schedule.to_json())
+    schedule = Schedule.from_json(json.loads(text))
+    assert schedule.requests == inst.requests
+    replay = validate(inst, schedule)
+    assert replay.metrics == result.replay.metrics
+    # every token of every request is processed once, plus what evictions threw away
+    processed = sum(sum(b.tokens.values()) for b in schedule.batches)
+    assert processed == sum(r.peak_kv for r in inst.requests) + replay.metrics.recomputed_tokens
+    assert replay.metrics.peak_kv <= inst.system.kv_capacity
+    if name in EVICTION_FREE:
+        assert replay.metrics.evictions == 0
+
+
+@pytest.mark.parametrize("name", sorted(SCHEDULERS))
+def test_refusals_follow_the_rule(name):
+    # I = 8, O = 4: the prompt fits P = 8, a refill of up to I + O - 1 = 11 does not
+    system = SystemConfig(kv_capacity=64, max_batch_tokens=16, max_prefill_tokens=8)
+    fits_prompt = Instance((Request(8, 4), Request(2, 2)), system, PRESETS["unit-batches"])
+    long_prompt = Instance((Request(2, 2), Request(9, 1)), system, PRESETS["unit-batches"])
+    assert refusal_expected(name, fits_prompt) == (name in NON_CHUNKING_EVICTING)
+    assert refusal_expected(name, long_prompt) == (name not in CHUNKING)
+    for inst in (fits_prompt, long_prompt):
+        if refusal_expected(name, inst):
+            with pytest.raises(SchedulerRefused, match=f"scheduler {name} .*request 1" if inst is long_prompt else name):
+                run_scheduler(inst, name)
+        else:
+            validate(inst, run_scheduler(inst, name).schedule)
+
+
+def test_fcfs_protect_refuses_a_prompt_over_the_protection_threshold():
+    inst = Instance((Request(9, 1),), SystemConfig(10, 64), PRESETS["unit-batches"])
+    validate(inst, run_scheduler(inst, "fcfs-protect:alpha=0.1").schedule)
+    with pytest.raises(SchedulerRefused, match=r"fcfs-protect:alpha=0\.2.*request 0.*protection threshold"):
+        run_scheduler(inst, "fcfs-protect:alpha=0.2")
+
+
+# ------------------------------------------------------------------ against the optimum
+
+TINY = settings(max_examples=50, deadline=None, database=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+
+
+@TINY
+@given(inst=tiny_instances())
+def test_no_heuristic_beats_the_optimum(inst):
+    best = {obj: brute_force(inst, obj).value for obj in OBJECTIVES}
+    best_no_evict = {obj: brute_force(inst, obj, allow_evict=False).value for obj in OBJECTIVES}
+    for name in SCHEDULERS:
+        result = run_checked(name, inst)
+        if result is None:
+            continue
+        metrics = result.replay.metrics
+        for obj in OBJECTIVES:
+            assert getattr(metrics, obj) >= best[obj] * (1 - 1e-9), (name, obj, getattr(metrics, obj), best[obj])
+        if name in EVICTION_FREE:
+            assert metrics.evictions == 0, name
+            for obj in OBJECTIVES:
+                assert getattr(metrics, obj) >= best_no_evict[obj] * (1 - 1e-9), (name, obj)
+
+
+def test_a_heuristic_can_be_optimal_and_the_oracle_knows_it():
+    # one request alone: every scheduler runs prefill + (O - 1) decodes, which is optimal
+    inst = Instance((Request(3, 3),), SystemConfig(5, 64), PRESETS["llama2-7b-a100"])
+    best = brute_force(inst, "total_latency").value
+    for name in SCHEDULERS:
+        assert run_scheduler(inst, name).replay.metrics.total_latency == pytest.approx(best, rel=1e-9), name
+
+
+# ------------------------------------------------------------------ stuck and livelock detection
+
+def test_fcfs_protect_stuck_on_a_refill_over_the_threshold():
+    # two requests I = 2, O = 6 in M = 10 with alpha = 0.5 (threshold 5): both are admitted
+    # (2 + 2), decode together until their next decodes need 6 + 6 > 10, are cleared, and a
+    # refill of 6 tokens never fits under the threshold again
+    inst = Instance((Request(2, 6), Request(2, 6)), SystemConfig(10, 64), PRESETS["unit-batches"])
+    with pytest.raises((SchedulerStuck, SchedulerRefused), match=r"scheduler fcfs-protect:alpha=0\.5 .*refill"):
+        run_scheduler(inst, "fcfs-protect:alpha=0.5")
+    # with the default alpha = 0.2 it finishes (a refill of 6 fits under 8), evicting on the way
+    result = run_scheduler(inst, "fcfs-protect")
+    assert result.replay.metrics.evictions > 0
+    validate(inst, result.schedule)
+
+
+class _Flapper(Policy):
+    """Processes one token of request 0, evicts it, and again, forever."""
+
+    name = "flapper"
+
+    def next_batch(self, st):
+        if st.m[0] > 0:
+            return Batch({}, (0,))
+        return Batch({0: 1}, ())
+
+
+class _Idle(Policy):
+    name = "idler"
+
+    def next_batch(self, st):
+        return Batch({}, ())
+
+
+def test_livelock_is_detected_and_names_the_policy():
+    inst = Instance((Request(3, 2),), SystemConfig(8, 64), PRESETS["unit-batches"])
+    with pytest.raises(SchedulerStuck, match="scheduler flapper livelocks"):
+        simulate(inst, _Flapper())
+
+
+def test_a_policy_that_schedules_nothing_is_stuck():
+    inst = Instance((Request(3, 2),), SystemConfig(8, 64), PRESETS["unit-batches"])
+    with pytest.raises(SchedulerStuck, match="scheduler idler is stuck"):
+        simulate(inst, _Idle())
+
+
+# ------------------------------------------------------------------ option parsing
+
+def test_scheduler_options_override_the_preset():
+    policy = get_scheduler("sarathi:prefill_limit=256")
+    assert isinstance(policy, UnifiedScheduler)
+    assert policy.name == "sarathi:prefill_limit=256"
+    base = get_scheduler("sarathi").params
+    assert policy.params.prefill_limit == 256 and base.prefill_limit == 512
+    assert (policy.params.priority, policy.params.hybrid, policy.params.chunked) == (base.priority, base.hybrid, base.chunked)
+    assert get_scheduler("vllm:hybrid=true").params.hybrid is True
+    assert get_scheduler("sarathi:prefill_limit=none").params.prefill_limit is None
+    assert get_scheduler("fcfs-protect:alpha=0.5").alpha == 0.5
+    # and the option takes effect: the first chunk of a 1000-token prompt is P tokens
+    inst = Instance((Request(1000, 2),), SystemConfig(2000, 4096), PRESETS["llama2-7b-a100"])
+    assert simulate(inst, policy).schedule.batches[0].tokens == {0: 256}
+    assert run_scheduler(inst, "sarathi").schedule.batches[0].tokens == {0: 512}
+    assert run_scheduler(inst, "sarathi-pc").schedule.batches[0].tokens == {0: 1000}
+
+
+@pytest.mark.parametrize("spec, names", [
+    ("nosuch", "nosuch"),
+    ("sarath", "did you mean 'sarathi'"),
+    ("sarathi:bogus=1", "bogus"),
+    ("sarathi:prefill_limit", "not key=value"),
+    ("sarathi:prefill_limit=abc", "prefill_limit"),
+    ("sarathi:prefill_limit=2.5", "prefill_limit"),
+    ("sarathi:prefill_limit=0", "prefill_limit"),
+    ("sarathi:prefill_limit=-3", "prefill_limit"),
+    ("vllm:hybrid=maybe", "hybrid"),
+    ("sarathi:priority=random", "priority"),
+    ("sarathi:victim=oldest", "victim"),
+    ("sarathi:reserve=all", "reserve"),
+    ("sarathi:decode_order=random", "decode_order"),
+    ("fcfs-protect:alpha=1.5", "alpha"),
+    ("fcfs-protect:alpha=-0.1", "alpha"),
+    ("fcfs-protect:alpha=x", "alpha"),
+    ("fcfs-protect:beta=0.1", "beta"),
+    ("mcsf:alpha=0.1", "mcsf"),
+])
+def test_bad_scheduler_options(spec, names):
+    with pytest.raises(InputError) as info:
+        get_scheduler(spec)
+    assert names in str(info.value)
+
+
+# ------------------------------------------------------------------ the seed paper's Figure 15
+
+def test_figure_15_vllm_evicts_and_beats_its_eviction_free_variant():
+    # four requests I = 16, O = 4 in M = 32 = 2I: vLLM admits all it can, evicts when decodes
+    # outgrow M and recomputes; the eviction-free variant reserves I + O - 1 = 19 each and runs
+    # one request at a time
+    inst = Instance(tuple(Request(16, 4) for _ in range(4)), SystemConfig(32, 4096), PRESETS["llama2-7b-a100"])
+    vllm = run_scheduler(inst, "vllm").replay.metrics
+    vllm_ef = run_scheduler(inst, "vllm-ef").replay.metrics
+    assert vllm.evictions > 0 and vllm.recomputed_tokens > 0
+    assert vllm_ef.evictions == 0
+    assert vllm.total_latency < vllm_ef.total_latency
+    assert vllm.mean_latency < vllm_ef.mean_latency
+    assert math.isfinite(vllm.total_latency)
