@@ -57,7 +57,6 @@ def run_point(case: str, objective: str, formulation: str, backend: str, time_li
         "gap": "" if res.gap is None else f"{res.gap:.6f}", "seconds": f"{res.seconds:.2f}",
         "time_to_optimal_s": f"{res.seconds:.2f}" if res.status == "optimal" else "",
         "best_source": res.source, "evictions": res.metrics.evictions if res.metrics else "",
-        "formulation": res.formulation,
         "horizon": res.stats["horizon"], "variables": res.stats["model"]["variables"],
         "build_s": f"{res.stats['build_seconds']:.3f}", "machine": MACHINE,
     }

@@ -11,7 +11,7 @@ import sys
 
 from . import __version__
 from .errors import KvboundError
-from .schedule import METRIC_KEYS, Metrics, Schedule, ScheduleError, validate, write_json_atomic
+from .schedule import Metrics, Schedule, ScheduleError, validate, write_json_atomic
 from .schedulers import SCHEDULERS, run_scheduler
 from .workload import load_case
 

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 
-import kvbound
 from kvbound import SCHEDULERS, Schedule, load_case, run_scheduler, validate
 from kvbound.costs import PRESETS
 from kvbound.errors import SchedulerRefused

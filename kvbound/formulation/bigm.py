@@ -14,7 +14,7 @@ import numpy as np
 
 from ..schedule import Batch, ReplayState, Schedule
 from ..workload import Instance
-from .model import INF, Model
+from .model import Model
 
 OBJECTIVES = ("total_latency", "mean_latency", "mean_ttft")
 
@@ -352,6 +352,28 @@ def _flat_terms(terms):
 
 # ------------------------------------------------------------------------------ warm starts
 
+class ModelClock:
+    """Sets T, idle and t of a warm start batch by batch, on the model's own clock (ticks, floored costs)."""
+
+    def __init__(self, form: Formulation):
+        self.blocks = form.model.blocks
+        self.online = "idle" in self.blocks
+        self.to_time = (lambda s: math.floor(s * form.tick)) if form.tick else float
+        self.clock = self.prev_T = 0.0
+
+    def advance(self, x: np.ndarray, j: int, T: float, processes: bool, latest_arrival: float) -> None:
+        B = self.blocks
+        x[B["T"][j]] = T
+        start = self.clock + self.prev_T
+        self.clock = start
+        if self.online:
+            t_j = max(start, self.to_time(latest_arrival)) if processes else start
+            x[B["idle"][j]] = t_j - start
+            x[B["t"][j]] = t_j
+            self.clock = t_j
+        self.prev_T = T
+
+
 def _merge_evict_only(batches) -> list[Batch]:
     """The schedule's batches without empty ones; an evict-only batch merges into the next batch
     unless that one processes a request it evicts (same schedule, fewer batches)."""
@@ -385,11 +407,7 @@ def _assignment(form: Formulation, schedule: Schedule) -> np.ndarray:
     st = ReplayState(inst)
     I = inst.prompts
     coef = form.coef
-    tick = form.tick
-    to_time = (lambda s: math.floor(s * tick)) if tick else float
-    online = "idle" in B
-    clock = 0.0  # model time
-    prev_T = 0.0
+    clock = ModelClock(form)
     x[B["S"][:, 0]] = I
     for j in range(J):
         bt = merged[j] if j < len(merged) else Batch({}, (), None)
@@ -444,24 +462,14 @@ def _assignment(form: Formulation, schedule: Schedule) -> np.ndarray:
         x[B["y"][j]] = any_c
         if "used" in B:
             x[B["used"][j]] = any_c or bool(bt.evict)
-        T = float(np.dot(coef, [1.0 if any_c else 0.0, tok, dkv, att, pkv, npre]))
-        x[B["T"][j]] = T
-        start = clock + prev_T
-        if online:
-            t_j = max(start, to_time(latest_arrival)) if any_c else start
-            x[B["idle"][j]] = t_j - start
-            x[B["t"][j]] = t_j
-            clock = t_j
-        else:
-            clock = start
-        prev_T = T
+        clock.advance(x, j, float(np.dot(coef, [1.0 if any_c else 0.0, tok, dkv, att, pkv, npre])), any_c, latest_arrival)
         if "w" in B:
             x[B["w"][j]] = any(x[B["d"][i, j]] for i in range(N))
         if "started" in B:
             for i in range(N):
                 x[B["started"][i, j]] = 1 if (j > 0 and x[B["started"][i, j - 1]]) or x[B["c"][i, j]] >= 1 else 0
     if "q" in B:
-        delta = x[B["T"]] + (x[B["idle"]] if online else 0)
+        delta = x[B["T"]] + (x[B["idle"]] if clock.online else 0)
         gate = x[B["f"][:, :-1]] if form.objective == "mean_latency" else x[B["h"]]
         x[B["q"]] = np.where(gate > 0.5, 0.0, delta[None, :])
     return x
@@ -505,8 +513,7 @@ def complete_schedule(instance: Instance, batches: list[Batch], allow_evict: boo
         if tokens:
             bt = Batch(tokens, (), None)
         else:
-            keep = order[0]
-            victims = tuple(i for i in order[1:] if st.m[i] > 0)
+            victims = tuple(i for i in order[1:] if st.m[i] > 0)  # keep the request with the least work left
             if not allow_evict or not victims:
                 return None
             bt = Batch({}, victims, None)

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..schedule import Batch, ReplayState, Schedule
 from ..workload import Instance
-from .bigm import (OBJECTIVES, Constraints, Formulation, complete_schedule, first_token_prefix,
+from .bigm import (OBJECTIVES, Constraints, Formulation, ModelClock, complete_schedule, first_token_prefix,
                    stops_at_first_tokens)
 from .model import Model
 
@@ -332,10 +332,8 @@ def _assignment(form: NetworkFormulation, schedule: Schedule) -> np.ndarray:
             table.setdefault((int(cl.src[tid]), int(cl.dst[tid]), int(cl.tokens[tid]), bool(cl.evict[tid])), tid)
         lookup.append(table)
     coef = form.coef
-    online = "idle" in form.model.blocks
     B = form.model.blocks
-    clock = prev_T = 0.0
-    to_time = (lambda s: math.floor(s * form.tick)) if form.tick else float
+    clock = ModelClock(form)
     for j in range(form.horizon):
         group = groups[j] if j < len(groups) else []
         before = [_state(st, i) for i in range(len(inst))]
@@ -365,16 +363,7 @@ def _assignment(form: NetworkFormulation, schedule: Schedule) -> np.ndarray:
                     latest = max(latest, inst.requests[i].arrival)
         T += coef[0] if any_c else 0.0
         x[B["y"][j]] = any_c
-        x[B["T"][j]] = T
-        start = clock + prev_T
-        if online:
-            t_j = max(start, to_time(latest)) if any_c else start
-            x[B["idle"][j]] = t_j - start
-            x[B["t"][j]] = t_j
-            clock = t_j
-        else:
-            clock = start
-        prev_T = T
+        clock.advance(x, j, T, any_c, latest)
     if "w" in B:
         _fill_hybrid_flags(form, x)
     if "u" in B:
