@@ -47,6 +47,46 @@ class Constraints:
         return out
 
 
+@dataclass(frozen=True)
+class TimeUnits:
+    """The model's clock: `per_second` model time units per second.
+
+    Continuous models (HiGHS, CBC) measure time in units of the batch intercept, exactly (no
+    rounding): batch times are then about 1, so the solvers' absolute tolerances (1e-6 to 1e-9)
+    are small against them, which they are not against 4 ms batches in seconds. Integer models
+    (CP-SAT, `tick`) floor every cost coefficient and arrival and round the arrivals subtracted in
+    the objective up, so a schedule's model cost never exceeds its true cost and the bound stays
+    valid. The 1e-12 slack in the rounding only absorbs the binary representation of values
+    such as 0.1 * 3, which are whole ticks up to the last bit.
+    """
+    per_second: float
+    integral: bool
+
+    @staticmethod
+    def for_model(instance: Instance, tick: float | None) -> "TimeUnits":
+        if tick is not None:
+            return TimeUnits(float(tick), True)
+        c = instance.cost
+        typical = c.intercept if c.intercept > 0 else c.intercept + c.per_token
+        return TimeUnits(1.0 / typical if typical > 0 else 1.0, False)
+
+    def coefficients(self, cost) -> np.ndarray:
+        coef = cost.coefficients * self.per_second
+        return np.floor(coef * (1 + 1e-12)) if self.integral else coef
+
+    def down(self, seconds: float) -> float:
+        v = seconds * self.per_second
+        return float(math.floor(v + 1e-12 * max(1.0, abs(v)))) if self.integral else v
+
+    def up(self, seconds: float) -> float:
+        v = seconds * self.per_second
+        return float(math.ceil(v - 1e-12 * max(1.0, abs(v)))) if self.integral else v
+
+    def objective_scale(self, objective: str, n_requests: int) -> float:
+        """Model objective units per second (the integer model sums latencies instead of averaging)."""
+        return self.per_second * (n_requests if self.integral and objective != "total_latency" else 1)
+
+
 @dataclass
 class Formulation:
     instance: Instance
@@ -55,7 +95,8 @@ class Formulation:
     constraints: Constraints
     model: Model
     tick: float | None  # integer model: time in units of 1/tick seconds, cost coefficients floored
-    coef: np.ndarray  # the cost coefficients as used in the model (scaled and floored when tick)
+    coef: np.ndarray  # the cost coefficients as used in the model (scaled, and floored when tick)
+    units: "TimeUnits"
     name: str = "bigm"
     info: dict = field(default_factory=dict)
 
@@ -70,9 +111,7 @@ class Formulation:
 
     def objective_scale(self) -> float:
         """Model objective units per second (the integer model sums latencies instead of averaging)."""
-        if self.tick is None:
-            return 1.0
-        return self.tick * (len(self.instance) if self.objective != "total_latency" else 1)
+        return self.units.objective_scale(self.objective, len(self.instance))
 
     # ---------------------------------------------------------------- schedules <-> points
     def warm_start(self, schedule: Schedule) -> np.ndarray:
@@ -161,13 +200,8 @@ def build_bigm(instance: Instance, objective: str = "total_latency", horizon: in
     A = instance.arrivals
     online = bool((A > 0).any())
     C, P, M, b = sys_.max_batch_tokens, sys_.max_prefill_tokens, sys_.kv_capacity, sys_.block_size
-    coef = cost.coefficients
-    if tick is not None:
-        coef = np.floor(coef * tick)  # rounding down keeps every schedule's model cost <= its true cost
-        to_time = lambda s: math.floor(s * tick)  # noqa: E731 (lower time constants relax)
-        up_time = lambda s: math.ceil(s * tick)  # noqa: E731
-    else:
-        to_time = up_time = float
+    units = TimeUnits.for_model(instance, tick)
+    coef, to_time, up_time = units.coefficients(cost), units.down, units.up
     c_int, c_tok, c_dkv, c_att, c_pkv, c_ppr = coef
 
     Cmax = np.minimum(C, I + O - 1)  # tokens one request can process in a batch
@@ -300,6 +334,9 @@ def build_bigm(instance: Instance, objective: str = "total_latency", horizon: in
     # ---- hypotheses
     if constraints.no_chunk:
         md.add_rows(NJ, [(c, 1), (Sp, -1), (r, 1), (p, -Rsc)], lo=-Rsc)
+        if not constraints.no_evict:  # an evicted request recomputes all S tokens in one chunk: S <= min(P, C)
+            big = np.maximum(Rsc - min(P, C), 0)
+            md.add_rows(NJ, [(Sp, 1), (e, big)], hi=Rsc)
     if constraints.no_hybrid:
         w = md.binary("w", J)
         md.add_rows(NJ, [(d, 1), (w[None, :], -1)], hi=0)
@@ -329,15 +366,15 @@ def build_bigm(instance: Instance, objective: str = "total_latency", horizon: in
         gate = fp if objective == "mean_latency" else h  # q_ij >= Delta_j while i is unfinished / has no token
         md.add_rows(NJ, [(q, 1), (T[None, :], -1), (gate, dmax)] + ([(idle[None, :], -1)] if online else []), lo=0)
         if tick is None:
-            obj_terms, offset = [(q, 1.0 / N)], -float(A.sum()) / N
+            obj_terms, offset = [(q, 1.0 / N)], -float(sum(map(to_time, A))) / N
         else:  # integer coefficients: the sum of latencies, arrivals rounded up (a lower bound)
             obj_terms, offset = [(q, 1.0)], -float(sum(up_time(a) for a in A))
     md.set_objective(obj_terms, offset)
     if constraints.objective_cap is not None:
-        cap = constraints.objective_cap * (1.0 if tick is None else tick * (N if objective != "total_latency" else 1))
+        cap = constraints.objective_cap * units.objective_scale(objective, N)
         md.add_rows(1, [(np.asarray(cols)[None, ...], np.asarray(v, dtype=float)) for cols, v in _flat_terms(obj_terms)],
                     hi=cap - offset)
-    form = Formulation(instance, objective, J, constraints, md, tick, coef)
+    form = Formulation(instance, objective, J, constraints, md, tick, coef, units)
     form.info.update(md.size)
     return form
 
@@ -358,7 +395,7 @@ class ModelClock:
     def __init__(self, form: Formulation):
         self.blocks = form.model.blocks
         self.online = "idle" in self.blocks
-        self.to_time = (lambda s: math.floor(s * form.tick)) if form.tick else float
+        self.to_time = form.units.down
         self.clock = self.prev_T = 0.0
 
     def advance(self, x: np.ndarray, j: int, T: float, processes: bool, latest_arrival: float) -> None:
@@ -374,12 +411,30 @@ class ModelClock:
         self.prev_T = T
 
 
+def carry_idle(batches) -> list[Batch]:
+    """The batches without empty ones (nothing processed or evicted); the `start` of an empty batch
+    (an idle jump, docs/semantics.md) moves to the next batch, so the clock still waits."""
+    out: list[Batch] = []
+    wait = None
+    for bt in batches:
+        if bt.start is not None and wait is not None:
+            bt = Batch(bt.tokens, bt.evict, max(wait, bt.start))
+        elif wait is not None:
+            bt = Batch(bt.tokens, bt.evict, wait)
+        if not bt.tokens and not bt.evict:
+            wait = bt.start
+            continue
+        wait = None
+        out.append(bt)
+    return out
+
+
 def _merge_evict_only(batches) -> list[Batch]:
     """The schedule's batches without empty ones; an evict-only batch merges into the next batch
     unless that one processes a request it evicts (same schedule, fewer batches)."""
     merged: list[Batch] = []
     pending: list[int] = []
-    for bt in batches:
+    for bt in carry_idle(batches):
         if not bt.tokens:
             pending.extend(bt.evict)
             continue
@@ -485,36 +540,51 @@ def first_token_prefix(instance: Instance, batches: list[Batch]) -> list[Batch]:
     return list(batches)
 
 
-def complete_schedule(instance: Instance, batches: list[Batch], allow_evict: bool = True) -> Schedule | None:
-    """`batches` followed by batches that finish every request: each batch serves the unfinished
-    requests with the least work left first while C, P and M allow; when nothing fits, all but one
-    request are evicted (if allowed; else None). Used after models that stop at the first tokens."""
+def complete_schedule(instance: Instance, batches: list[Batch], constraints: Constraints = Constraints()) -> Schedule | None:
+    """`batches` followed by batches that finish every request, meeting `constraints`: each batch
+    serves the unfinished requests with the least work left first while C, P, M and the batch-size
+    cap allow (decode-only or prefill-only batches under no_hybrid; whole prefills under no_chunk);
+    when nothing fits, all but one request are evicted (if allowed; else None). Used after models
+    that stop at the first tokens, whose objective the completion does not change."""
     st = ReplayState(instance)
     for bt in batches:
         st.apply(bt)
     out = list(batches)
     s = instance.system
     P = min(s.max_prefill_tokens, s.max_batch_tokens)
-    while st.unfinished:
-        order = sorted((i for i in range(len(instance)) if not st.finished[i]),
-                       key=lambda i: (st.prompt[i] + st.output[i] - st.m[i] - st.n[i], i))
+    cap = constraints.max_batch_size or len(instance)
+    kinds = ({True}, {False}) if constraints.no_hybrid else ({True, False},)  # decode-type or prefill-type
+
+    def fill(order, allowed) -> dict[int, int]:
         tokens: dict[int, int] = {}
         kv, tok, ptok = st.kv_used, 0, 0
         for i in order:
+            if len(tokens) == cap:
+                break
             S = st.prompt[i] + st.n[i]
             decode = st.n[i] >= 1 and S - st.m[i] == 1
+            if decode not in allowed:
+                continue
             c = 1 if decode else min(S - st.m[i], s.max_batch_tokens - tok, P - ptok)
+            if constraints.no_chunk and not decode and c < S - st.m[i]:
+                continue
             grow = s.blocks(st.m[i] + c) - s.blocks(st.m[i]) if c > 0 else 0
             if c < 1 or tok + c > s.max_batch_tokens or kv + grow > s.kv_capacity:
                 continue
             tokens[i] = c
             tok, kv = tok + c, kv + grow
             ptok += 0 if decode else c
+        return tokens
+
+    while st.unfinished:
+        order = sorted((i for i in range(len(instance)) if not st.finished[i]),
+                       key=lambda i: (st.prompt[i] + st.output[i] - st.m[i] - st.n[i], i))
+        tokens = next((t for t in map(lambda k: fill(order, k), kinds) if t), {})
         if tokens:
             bt = Batch(tokens, (), None)
         else:
             victims = tuple(i for i in order[1:] if st.m[i] > 0)  # keep the request with the least work left
-            if not allow_evict or not victims:
+            if constraints.no_evict or not victims:
                 return None
             bt = Batch({}, victims, None)
         st.apply(bt)
@@ -543,5 +613,5 @@ def _extract(form: Formulation, x: np.ndarray) -> Schedule:
         st.apply(bt)
         batches.append(bt)
     if st.unfinished:
-        return complete_schedule(inst, batches, allow_evict=not form.constraints.no_evict)
+        return complete_schedule(inst, batches, form.constraints)
     return Schedule(inst.requests, batches)

@@ -97,16 +97,28 @@ class Model:
         else:
             r = c = np.zeros(0, dtype=np.int64)
             v = np.zeros(0)
+        r, c, v = _sum_duplicates(r.astype(np.int64), c.astype(np.int64), v, self.n_cols)
         lo = np.concatenate(self._row_lo) if self._row_lo else np.zeros(0)
         hi = np.concatenate(self._row_hi) if self._row_hi else np.zeros(0)
         obj = self.objective if self.objective is not None else np.zeros(self.n_cols)
-        return ModelArrays(lb, ub, integ, lo, hi, r.astype(np.int64), c.astype(np.int64), v, obj, self.objective_offset)
+        return ModelArrays(lb, ub, integ, lo, hi, r, c, v, obj, self.objective_offset)
 
     @property
     def size(self) -> dict:
         integ = np.concatenate(self.integer) if self.integer else np.zeros(0, bool)
         nnz = sum(len(x[0]) for x in self._rows)
         return {"variables": self.n_cols, "integer_variables": int(integ.sum()), "constraints": self.n_rows, "nonzeros": nnz}
+
+
+def _sum_duplicates(rows, cols, vals, n_cols):
+    """One entry per (row, column), zeros dropped: terms of one row may name a column twice, and
+    HiGHS's presolve loops forever (or crashes) on a matrix with repeated entries."""
+    key = rows * max(n_cols, 1) + cols
+    uniq, inverse = np.unique(key, return_inverse=True)
+    summed = np.bincount(inverse, weights=vals, minlength=len(uniq))
+    keep = summed != 0
+    uniq, summed = uniq[keep], summed[keep]
+    return uniq // max(n_cols, 1), uniq % max(n_cols, 1), summed
 
 
 @dataclass

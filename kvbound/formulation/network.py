@@ -18,8 +18,8 @@ import numpy as np
 
 from ..schedule import Batch, ReplayState, Schedule
 from ..workload import Instance
-from .bigm import (OBJECTIVES, Constraints, Formulation, ModelClock, complete_schedule, first_token_prefix,
-                   stops_at_first_tokens)
+from .bigm import (OBJECTIVES, Constraints, Formulation, ModelClock, TimeUnits, carry_idle, complete_schedule,
+                   first_token_prefix, stops_at_first_tokens)
 from .model import Model
 
 
@@ -44,7 +44,7 @@ class _Class:
     features: np.ndarray  # (t, 6) batch-time features of the transition (intercept feature 0)
 
 
-def _build_class(prompt: int, output: int, arrival: float, members: list[int], block: int, C: int,
+def _build_class(prompt: int, output: int, arrival: float, members: list[int], block: int, C: int, P: int,
                  constraints: Constraints) -> _Class:
     states = [(m, n) for n in range(output) for m in range(prompt + n)]
     done = len(states)
@@ -55,7 +55,8 @@ def _build_class(prompt: int, output: int, arrival: float, members: list[int], b
     for (m, n), s in list(index.items())[:-1]:
         S = prompt + n
         rows.append((s, s, 0, 0, blocks(m), 0, 0, 0, 0, 0, 0, 0, 0, 0))  # idle
-        if m > 0 and not constraints.no_evict:
+        # no_chunk: an evicted request recomputes all S tokens in one chunk, so S <= min(P, C)
+        if m > 0 and not constraints.no_evict and not (constraints.no_chunk and S > min(P, C)):
             rows.append((s, index[(0, n)], 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0))
             # evicted in a batch of its own that takes no time, then refilled from 0 in this one
             for c in range(1, min(S, C) + 1):
@@ -129,12 +130,8 @@ def build_network(instance: Instance, objective: str = "total_latency", horizon:
     J = int(horizon)
     N = len(instance)
     C, P, M, b = sys_.max_batch_tokens, sys_.max_prefill_tokens, sys_.kv_capacity, sys_.block_size
-    coef = cost.coefficients
-    if tick is not None:
-        coef = np.floor(coef * tick)
-        to_time, up_time = (lambda s: math.floor(s * tick)), (lambda s: math.ceil(s * tick))
-    else:
-        to_time = up_time = float
+    units = TimeUnits.for_model(instance, tick)
+    coef, to_time, up_time = units.coefficients(cost), units.down, units.up
     A = instance.arrivals
     online = bool((A > 0).any())
     md = Model()
@@ -162,7 +159,7 @@ def build_network(instance: Instance, objective: str = "total_latency", horizon:
     unfinished_terms = [[] for _ in range(J)]  # requests not done before batch j (mean latency)
     no_token_terms = [[] for _ in range(J)]  # requests without a first token before batch j (mean TTFT)
     for k, (I, O, a, ids) in enumerate(request_classes(instance)):
-        cl = _build_class(I, O, a, ids, b, C, constraints)
+        cl = _build_class(I, O, a, ids, b, C, P, constraints)
         nk = len(ids)
         n_of = np.array([s[1] for s in cl.states])
         n_states = len(cl.states)
@@ -270,16 +267,16 @@ def build_network(instance: Instance, objective: str = "total_latency", horizon:
             batch_row(j, source, extra=[(u[j][None, :], -pw[None, :])], lo=0, hi=0)
         md.add_rows((J, bits), [(q, 1), (T[:, None], -1), (u, -dmax)] + ([(idle[:, None], -1)] if online else []), lo=-dmax)
         if tick is None:
-            obj_terms, offset = [(q, pw[None, :] / N)], -float(A.sum()) / N
+            obj_terms, offset = [(q, pw[None, :] / N)], -float(sum(map(to_time, A))) / N
         else:
             obj_terms, offset = [(q, pw[None, :])], -float(sum(up_time(a) for a in A))
     md.set_objective(obj_terms, offset)
     if constraints.objective_cap is not None:
-        cap = constraints.objective_cap * (1.0 if tick is None else tick * (N if objective != "total_latency" else 1))
+        cap = constraints.objective_cap * units.objective_scale(objective, N)
         flat = [(np.asarray(c).reshape(-1), np.broadcast_to(np.asarray(v, dtype=float), np.shape(c)).reshape(-1))
                 for c, v in obj_terms]
         md.add_rows(1, [(c[None, :], v[None, :]) for c, v in flat], hi=cap - offset)
-    form = NetworkFormulation(instance, objective, J, constraints, md, tick, coef, name="network")
+    form = NetworkFormulation(instance, objective, J, constraints, md, tick, coef, units, name="network")
     form.classes = classes
     form.info.update(md.size)
     form.info["classes"] = len(classes)
@@ -302,10 +299,9 @@ def _model_batches(form: NetworkFormulation, schedule: Schedule) -> list[list[Ba
     groups: list[list[Batch]] = []
     pending: list[Batch] = []
     batches = first_token_prefix(form.instance, schedule.batches) if form.free_end else schedule.batches
-    for bt in batches:
+    for bt in carry_idle(batches):
         if not bt.tokens:
-            if bt.evict:
-                pending.append(bt)
+            pending.append(bt)
             continue
         groups.append(pending + [bt])
         pending = []
@@ -439,5 +435,5 @@ def _extract(form: NetworkFormulation, x: np.ndarray) -> Schedule:
         st.apply(bt)
         batches.append(bt)
     if st.unfinished:
-        return complete_schedule(inst, batches, allow_evict=not form.constraints.no_evict)
+        return complete_schedule(inst, batches, form.constraints)
     return Schedule(inst.requests, batches)

@@ -10,6 +10,7 @@ import os
 import re
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -17,6 +18,8 @@ import numpy as np
 from ..formulation.model import ModelArrays
 
 BACKENDS = ("highs", "cpsat", "cbc")
+#: relative error of the figures CBC hands back through text files (8 significant digits)
+CBC_TEXT_PRECISION = 1e-7
 
 
 @dataclass
@@ -37,11 +40,17 @@ def _threads() -> int:
 # ------------------------------------------------------------------------- HiGHS
 
 def solve_highs(arrays: ModelArrays, time_limit: float, warm: np.ndarray | None, *, relax: bool = False,
-                verbose: bool = False, gap: float = 1e-9) -> BackendOutcome:
+                verbose: bool = False, gap: float = 1e-9, presolve: bool = True) -> BackendOutcome:
+    """HiGHS on the arrays. A MIP solve whose bound ends above the (feasible) warm start is
+    repeated without presolve: HiGHS 1.13 to 1.15's MIP presolve can cut off the optimum
+    (tests/test_solvers.py::test_highs_presolve_that_cuts_off_the_optimum_is_caught)."""
     import highspy
 
+    t_call = time.perf_counter()
     h = highspy.Highs()
     h.setOptionValue("output_flag", bool(verbose))
+    if not presolve:
+        h.setOptionValue("presolve", "off")
     h.setOptionValue("time_limit", float(max(time_limit, 0.01)))
     h.setOptionValue("mip_rel_gap", gap)
     h.setOptionValue("mip_abs_gap", 1e-12)
@@ -105,7 +114,18 @@ def solve_highs(arrays: ModelArrays, time_limit: float, warm: np.ndarray | None,
         accepted = objective is not None and objective <= warm_obj + 1e-9 * (1 + abs(warm_obj))
     stats = {"model_status": h.modelStatusToString(ms), "nodes": int(info.mip_node_count),
              "interrupted": ms == MS.kInterrupt}
+    if warm is not None and presolve and bound_above(bound, warm_obj) and not arrays.check(warm):
+        left = time_limit - (time.perf_counter() - t_call)
+        again = solve_highs(arrays, max(left, 1.0), warm, verbose=verbose, gap=gap, presolve=False)
+        again.stats["presolve_retry"] = f"bound {bound} above the feasible warm start's {warm_obj}: solved again without presolve"
+        again.seconds += seconds
+        return again
     return BackendOutcome(status, x, objective, bound, seconds, accepted, stats)
+
+
+def bound_above(bound: float, value: float, rel: float = 1e-6) -> bool:
+    """Whether a claimed lower bound exceeds a known feasible value beyond tolerance (so it is wrong)."""
+    return bound > value + rel * max(abs(value), 1e-12)
 
 
 # ------------------------------------------------------------------------- CP-SAT
@@ -210,7 +230,7 @@ def build_pulp(arrays: ModelArrays, names: list[str] | None = None):
         lo = arrays.col_lb[k] if math.isfinite(arrays.col_lb[k]) else None
         hi = arrays.col_ub[k] if math.isfinite(arrays.col_ub[k]) else None
         cat = pulp.LpInteger if arrays.integrality[k] else pulp.LpContinuous
-        xs.append(pulp.LpVariable(names[k] if names else f"x{k}", lo, hi, cat))
+        xs.append(prob.add_variable(names[k] if names else f"x{k}", lo, hi, cat))
     starts, cols, vals = arrays.csr()
     for k in range(arrays.n_rows):
         a, b = starts[k], starts[k + 1]
@@ -239,9 +259,11 @@ def solve_cbc(arrays: ModelArrays, time_limit: float, warm: np.ndarray | None, *
             var.setInitialValue(round(v) if var.cat == pulp.LpInteger else float(v))
     with tempfile.TemporaryDirectory() as tmp:
         log = os.path.join(tmp, "cbc.log")
-        solver = pulp.PULP_CBC_CMD(msg=bool(verbose), timeLimit=max(1, int(math.ceil(time_limit))), gapRel=1e-9,
-                                   gapAbs=1e-12, warmStart=warm is not None, logPath=log, threads=_threads(),
-                                   keepFiles=False)
+        with warnings.catch_warnings():  # PuLP 3.3 deprecates its bundled CBC for pulp[cbc] (a 190 MB wheel)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            solver = pulp.PULP_CBC_CMD(msg=bool(verbose), timeLimit=max(1, int(math.ceil(time_limit))), gapRel=1e-9,
+                                       gapAbs=1e-12, warmStart=warm is not None, logPath=log, threads=_threads(),
+                                       keepFiles=False)
         t0 = time.perf_counter()
         try:
             prob.solve(solver)
@@ -267,6 +289,9 @@ def solve_cbc(arrays: ModelArrays, time_limit: float, warm: np.ndarray | None, *
         status = "feasible" if x is not None else "unknown"
         if bound is None:
             bound = -math.inf
+    if bound is not None and math.isfinite(bound):
+        # CBC's point and its log come back as text with 8 significant digits: lower the bound by more
+        bound -= CBC_TEXT_PRECISION * abs(bound)
     accepted = None
     if warm is not None:
         accepted = bool(re.search(r"MIPStart provided solution with cost|mipstart values read|solution of value", text, re.I)) or \

@@ -71,6 +71,6 @@ def lp_bound(instance: Instance, objective: str, upper_bound: float, time_limit:
     J, certified, why = horizon_for(instance, objective, upper_bound)
     form = build_bigm(instance, objective, J)
     out = solve_highs(form.model.finalize(), time_limit, None, relax=True)
-    value = out.bound if out.status == "optimal" else -math.inf
+    value = out.bound / form.objective_scale() if out.status == "optimal" else -math.inf
     return Bound("LP relaxation (bigm)", value, time.perf_counter() - t0, certified and out.status == "optimal",
                  note=f"horizon J = {J}: {why}")
