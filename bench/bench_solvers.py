@@ -1,6 +1,6 @@
 """Solver benchmark: time to proven optimality, or the gap after a fixed time, per backend and formulation.
 
-    python bench/bench_solvers.py [--time-limit 30] [--backends highs,cpsat,cbc] [--formulations bigm]
+    python bench/bench_solvers.py [--time-limit 30] [--backends highs,cpsat,cbc] [--formulations chain,bigm]
                                   [--cases cases/fig15/fig15_I1.toml,...] [--objective total_latency]
 
 Each (case, formulation, backend) point runs `kvbound.solvers.api.solve` with the default
@@ -23,8 +23,9 @@ from tqdm import tqdm  # noqa: E402
 
 from kvbound import load_case, run_scheduler  # noqa: E402
 from kvbound.formulation.bigm import horizon_for  # noqa: E402
+from kvbound.formulation.chain import chain_size  # noqa: E402
 from kvbound.formulation.network import network_size  # noqa: E402
-from kvbound.solvers.api import solve  # noqa: E402
+from kvbound.solvers.api import CHAIN_LIMIT, solve  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 FIG15 = [f"cases/fig15/fig15_I{2 ** k}.toml" for k in range(11)]
@@ -33,7 +34,8 @@ COLUMNS = ("case", "requests", "objective", "formulation", "backend", "time_limi
            "lower_bound_s", "certified", "gap", "seconds", "time_to_optimal_s", "best_source", "evictions",
            "horizon", "variables", "build_s", "machine")
 MACHINE = f"{os.cpu_count()}-core CPU"
-NETWORK_SKIP = 1_000_000  # larger network models are not attempted (memory, build time)
+#: larger state-network models are not attempted (memory, build time)
+SKIP = {"network": (network_size, 1_000_000, "transition"), "chain": (chain_size, CHAIN_LIMIT, "arc")}
 
 
 def _key(row) -> tuple:
@@ -42,13 +44,14 @@ def _key(row) -> tuple:
 
 def run_point(case: str, objective: str, formulation: str, backend: str, time_limit: float) -> dict:
     inst = load_case(ROOT / case)
-    if formulation == "network":
+    if formulation in SKIP:
+        size_of, limit, what = SKIP[formulation]
         ub = min(run_scheduler(inst, s).replay.metrics.total_latency for s in ("vllm-ef", "sarathi-pc-ef"))
-        size = network_size(inst, horizon_for(inst, objective, ub, True, True)[0])
-        if size > NETWORK_SKIP:
+        size = size_of(inst, horizon_for(inst, objective, ub, True, True)[0])
+        if size > limit:
             return {**dict.fromkeys(COLUMNS, ""), "case": case, "requests": len(inst), "objective": objective,
                     "formulation": formulation, "backend": backend, "time_limit_s": time_limit,
-                    "status": f"skipped: ~{size:,} transition variables", "machine": MACHINE}
+                    "status": f"skipped: ~{size:,} {what} variables", "machine": MACHINE}
     res = solve(inst, objective, backend, time_limit, formulation=formulation)
     return {
         "case": case, "requests": len(inst), "objective": objective, "formulation": formulation, "backend": backend,
@@ -83,16 +86,37 @@ def write_markdown(rows: list[dict], path: Path) -> None:
         lines.append(f"| {Path(r['case']).stem} | {r['requests']} | {r['objective']} | {r['formulation']} | {r['backend']} | "
                      f"{r['time_limit_s']} | {r['status']} | {num(r['objective_s'])} | {num(r['lower_bound_s'])} | {gap} | "
                      f"{r['time_to_optimal_s']} | {r['evictions']} | {r['horizon']} | {r['variables']} |")
+    lines += _speedups(rows)
     tmp = path.with_suffix(".md.tmp")
     tmp.write_text("\n".join(lines) + "\n")
     tmp.replace(path)
+
+
+def _speedups(rows: list[dict]) -> list[str]:
+    """Time to optimality of each formulation against bigm on the same backend, same run; when
+    bigm does not finish, the ratio is at least limit / time."""
+    by = {(r["case"], r["backend"], r["formulation"]): r for r in rows}
+    out = ["", "## Speed-up over bigm (same backend, same run)", "",
+           "| case | backend | formulation | time to optimal s | bigm | speed-up |", "|---|---|---|---:|---|---:|"]
+    for (case, backend, form), r in by.items():
+        base = by.get((case, backend, "bigm"))
+        if form == "bigm" or base is None or not r["time_to_optimal_s"]:
+            continue
+        t = float(r["time_to_optimal_s"])
+        if base["time_to_optimal_s"]:
+            ratio, what = f"{float(base['time_to_optimal_s']) / t:.1f}x", f"optimal, {base['time_to_optimal_s']} s"
+        else:
+            gap = f", gap {100 * float(base['gap']):.1f}%" if base["gap"] else ""
+            ratio, what = f">= {float(base['time_limit_s']) / t:.1f}x", f"not proven in {base['time_limit_s']} s{gap}"
+        out.append(f"| {Path(case).stem} | {backend} | {form} | {t:.2f} | {what} | {ratio} |")
+    return out
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--time-limit", type=float, default=30.0)
     ap.add_argument("--backends", default="highs,cpsat,cbc")
-    ap.add_argument("--formulations", default="network,bigm")
+    ap.add_argument("--formulations", default="chain,bigm")
     ap.add_argument("--objective", default="total_latency")
     ap.add_argument("--cases", default=",".join(FIG15 + MIXES))
     ap.add_argument("--out", default=str(RESULTS / "solvers.csv"))

@@ -137,12 +137,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_later_commands(sub) -> None:
-    """Commands of the solver and later work register here."""
-    try:
-        from .solvers import cli as solver_cli
-    except ImportError:
-        return
-    solver_cli.register(sub)
+    """Commands of the solver, the executor and the analysis tools register here.
+
+    Each module's `register(sub)` adds its subcommands; none may import torch at import time,
+    so that the solver works without the `executor` extra.
+    """
+    from .analysis import cli as analysis_cli
+    from .engine_bridge import cli as executor_cli
+    from .solvers import cli as solver_cli
+
+    for module in (solver_cli, executor_cli, analysis_cli):
+        module.register(sub)
 
 
 def main(argv: list[str] | None = None) -> int:

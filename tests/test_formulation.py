@@ -25,6 +25,7 @@ from kvbound.errors import SchedulerRefused, SchedulerStuck
 from kvbound.formulation.bigm import (OBJECTIVES, Constraints, build_bigm, first_token_prefix, horizon_for,
                                       minimum_work, own_time_lower_bound, stops_at_first_tokens)
 from kvbound.formulation.model import Model
+from kvbound.formulation.chain import build_chain
 from kvbound.formulation.network import build_network
 from kvbound.schedule import ReplayState
 from kvbound.schedulers import SCHEDULERS, run_scheduler
@@ -273,7 +274,7 @@ def test_a_point_off_the_schedule_breaks_a_row():
         assert arrays.check(y), block
 
 
-@pytest.mark.parametrize("builder", [build_bigm, build_network])
+@pytest.mark.parametrize("builder", [build_bigm, build_network, build_chain])
 def test_warm_start_keeps_an_idle_jump_written_as_an_empty_batch(builder):
     # docs/semantics.md section 7: "An empty batch with a start still moves the clock"
     inst = Instance((Request(2, 1), Request(2, 1, 5.0)), SystemConfig(4, 4), PRESETS["unit-batches"])

@@ -121,7 +121,7 @@ def test_solve_json_contract(cli, case, solver, objective):
     assert SOLVE_KEYS <= set(data)
     assert data["status"] == "optimal"
     assert data["objective_name"] == objective and data["solver"] == solver
-    assert data["formulation"] in ("bigm", "network")
+    assert data["formulation"] in ("bigm", "network", "chain")
     assert isinstance(data["seconds"], float) and data["seconds"] > 0
     assert data["bound_certified"] is True
     instance = load_case(path)
@@ -133,11 +133,11 @@ def test_solve_json_contract(cli, case, solver, objective):
     assert 0 <= data["gap"] <= 1e-6
 
 
-@pytest.mark.parametrize("formulation", ["bigm", "network", "auto"])
+@pytest.mark.parametrize("formulation", ["bigm", "network", "chain", "auto"])
 def test_solve_formulations_agree(cli, case, formulation):
     path = case(ONLINE)
     data = solve_json(cli, path, "--formulation", formulation, "--objective", "mean_latency")
-    assert data["formulation"] == formulation if formulation != "auto" else data["formulation"] in ("bigm", "network")
+    assert data["formulation"] == formulation if formulation != "auto" else data["formulation"] in ("bigm", "network", "chain")
     instance = load_case(path)
     assert data["status"] == "optimal"
     assert check_schedule_json(instance, data, "mean_latency") == pytest.approx(
@@ -179,7 +179,7 @@ def test_solve_text_output(cli, case, tmp_path):
     assert out_file.is_file()
 
 
-@pytest.mark.parametrize("formulation", ["bigm", "network"])
+@pytest.mark.parametrize("formulation", ["bigm", "network", "chain"])
 def test_solve_export_mps_and_lp(cli, case, tmp_path, formulation):
     import highspy
 

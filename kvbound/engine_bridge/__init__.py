@@ -1,1 +1,5 @@
-"""Minimal paged-KV executor that replays schedules and measures batch times (filled by the executor work)."""
+"""A minimal paged-KV executor that runs schedules batch by batch and times them (docs/executor.md).
+
+Importing this package does not import torch: `cli.py` (profile, calibrate, replay) imports the
+executor's modules inside its commands, so kvbound works without the `executor` extra.
+"""

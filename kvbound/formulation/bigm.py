@@ -182,9 +182,12 @@ def minimum_work(instance: Instance) -> float:
     for r in instance.requests:
         total += cost.per_token * (r.prompt + r.output - 1)
         total += cost.prefill_attention * r.prompt ** 2 + cost.per_prefill_request
-        for k in range(2, r.output + 1):  # token k, k >= 2: a decode of m = I + k - 2 or a prefill-type refill
+        for k in range(2, r.output + 1):
+            # token k, k >= 2: after token k - 1 the request holds m = I + k - 2 tokens. Either a decode
+            # generates it, or m tokens were evicted and are processed again (at least per_token m and
+            # chunks whose attention telescopes to m^2, one prefill-type chunk) besides the one token.
             m = r.prompt + k - 2
-            total += min(cost.decode_kv * m, cost.prefill_attention * (2 * (m + 1) - 1) + cost.per_prefill_request)
+            total += min(cost.decode_kv * m, cost.per_token * m + cost.prefill_attention * m * m + cost.per_prefill_request)
     return total
 
 

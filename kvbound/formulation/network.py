@@ -119,6 +119,204 @@ class NetworkFormulation(Formulation):
         return _extract(self, x)
 
 
+@dataclass
+class BatchTerms:
+    """Per batch j, the (cols, coefs) terms of the rows that every state-network model shares:
+    tokens (C), prefill-type tokens (P), KV (M), batch time, requests processing, decode-type
+    requests, requests unfinished / without a first token before the batch (mean objectives)."""
+    J: int
+
+    def __post_init__(self):
+        for name in self.KINDS:
+            setattr(self, name, [[] for _ in range(self.J)])
+
+    KINDS = ("tokens", "prefill", "kv", "cost", "processing", "decode", "unfinished", "no_token")
+
+    def add(self, j: int, cols: np.ndarray, **coefs) -> None:
+        """Columns `cols` of batch j with per-column coefficients for the named rows (zeros dropped)."""
+        for name, v in coefs.items():
+            v = np.broadcast_to(np.asarray(v, dtype=float), cols.shape)
+            keep = v != 0
+            if keep.any():
+                getattr(self, name)[j].append((cols[keep], v[keep]))
+
+    def value(self, name: str, j: int, x: np.ndarray) -> float:
+        return float(sum(x[c] @ v for c, v in getattr(self, name)[j]))
+
+
+@dataclass
+class Clock:
+    """The batch-level variables every model shares: y (batch processes), T (batch time), and
+    with arrivals idle (wait before the batch) and t (its start)."""
+    y: np.ndarray
+    T: np.ndarray
+    idle: np.ndarray | None
+    t: np.ndarray | None
+    T_max: float
+    idle_max: float
+
+
+def add_clock(md: Model, instance: Instance, J: int, units, integral: bool) -> Clock:
+    cost, s = instance.cost, instance.system
+    C, M, N = s.max_batch_tokens, s.kv_capacity, len(instance)
+    A = instance.arrivals
+    online = bool((A > 0).any())
+    y = md.binary("y", J)
+    T_max = (cost.intercept + cost.per_token * C + cost.decode_kv * M + cost.prefill_attention * (C * C + 2.0 * M * C)
+             + cost.prefill_kv * M + cost.per_prefill_request * min(N, C))
+    T = md.add_vars("T", J, 0, units.up(T_max), integral)
+    idle_max = float(A.max()) if online else 0.0
+    idle = t = None
+    if online:
+        idle = md.add_vars("idle", J, 0, units.up(idle_max), integral)
+        t = md.add_vars("t", J, 0, units.up(idle_max + J * T_max), integral)
+        md.add_rows(1, [(t[:1], 1), (idle[:1], -1)], 0, 0)
+        if J > 1:
+            md.add_rows(J - 1, [(t[1:], 1), (t[:-1], -1), (T[:-1], -1), (idle[1:], -1)], 0, 0)
+    return Clock(y, T, idle, t, T_max, idle_max)
+
+
+def link_processing(md: Model, clock: Clock, units, j: int, count: int, arrival: float, proc_cols: np.ndarray,
+                    name: str) -> int | None:
+    """Rows of batch j for `count` interchangeable requests (one class) whose processing columns are
+    `proc_cols`: the batch is used if any of them processes, and with arrivals it then starts after
+    their arrival (gated by a binary z, returned)."""
+    if not len(proc_cols):
+        return None
+    md.add_rows(1, [(clock.y[j:j + 1], count), (proc_cols[None, :], -1)], lo=0)
+    if clock.t is None or arrival <= 0:
+        return None
+    z = md.binary(name, 1)
+    md.add_rows(1, [(z, count), (proc_cols[None, :], -1)], lo=0)
+    md.add_rows(1, [(clock.t[j:j + 1], 1), (z, -units.down(arrival))], lo=0)
+    return int(z[0])
+
+
+def finish_model(md: Model, instance: Instance, objective: str, constraints: Constraints, clock: Clock,
+                 terms: BatchTerms, coef: np.ndarray, units, integral: bool) -> None:
+    """The batch rows (C, P, M, batch time, batch-size cap, no-hybrid), used batches first, the
+    objective and the objective cap, from the per-batch terms."""
+    s = instance.system
+    N, J = len(instance), terms.J
+    y, T, idle = clock.y, clock.T, clock.idle
+
+    def batch_row(j, parts, extra=(), lo=-np.inf, hi=np.inf):
+        rows = [(np.asarray(c)[None, :], np.asarray(v, dtype=float)[None, :]) for c, v in parts] + list(extra)
+        if rows:
+            md.add_rows(1, rows, lo, hi)
+
+    for j in range(J):
+        batch_row(j, terms.tokens[j], hi=s.max_batch_tokens)
+        batch_row(j, terms.prefill[j], hi=s.max_prefill_tokens)
+        batch_row(j, terms.kv[j], hi=s.kv_capacity)
+        batch_row(j, terms.cost[j], extra=[(T[j:j + 1], -1.0), (y[j:j + 1], coef[0])], lo=0, hi=0)
+        if constraints.max_batch_size is not None:
+            batch_row(j, terms.processing[j], hi=constraints.max_batch_size)
+    if constraints.no_hybrid:
+        w = md.binary("w", J)
+        for j in range(J):  # w_j = 1: a decode-only batch; 0: prefill-type only
+            batch_row(j, terms.decode[j], extra=[(w[j:j + 1], -N)], hi=0)
+            prefill = terms.processing[j] + [(c, -np.asarray(v, dtype=float)) for c, v in terms.decode[j]]
+            batch_row(j, prefill, extra=[(w[j:j + 1], N)], hi=N)
+    if J > 1:
+        md.add_rows(J - 1, [(y[:-1], 1), (y[1:], -1)], lo=0)
+    _add_capacity_cuts(md, instance, terms, y, linked=not stops_at_first_tokens(objective, constraints))
+
+    A = instance.arrivals
+    delta = [(T, 1)] + ([(idle, 1)] if idle is not None else [])
+    if objective == "total_latency":
+        obj_terms, offset = delta, 0.0
+    else:
+        # sum over batches of Delta_j times the number U_j of requests not finished (no first token) before j;
+        # U_j = sum_b 2^b u_jb in binary, q_jb >= Delta_j - Dmax (1 - u_jb) is exact at integer points
+        dmax = units.up(clock.T_max + clock.idle_max)
+        bits = max(1, int(math.ceil(math.log2(N + 1))))
+        pw = 2.0 ** np.arange(bits)
+        u = md.binary("u", (J, bits))
+        q = md.add_vars("q", (J, bits), 0, dmax, integral)
+        source = terms.unfinished if objective == "mean_latency" else terms.no_token
+        for j in range(J):
+            batch_row(j, source[j], extra=[(u[j][None, :], -pw[None, :])], lo=0, hi=0)
+        md.add_rows((J, bits), [(q, 1), (T[:, None], -1), (u, -dmax)] + ([(idle[:, None], -1)] if idle is not None else []),
+                    lo=-dmax)
+        if not integral:
+            obj_terms, offset = [(q, pw[None, :] / N)], -float(sum(map(units.down, A))) / N
+        else:
+            obj_terms, offset = [(q, pw[None, :])], -float(sum(units.up(a) for a in A))
+    md.set_objective(obj_terms, offset)
+    if constraints.objective_cap is not None:
+        cap = constraints.objective_cap * units.objective_scale(objective, N)
+        flat = [(np.asarray(c).reshape(-1), np.broadcast_to(np.asarray(v, dtype=float), np.shape(c)).reshape(-1))
+                for c, v in obj_terms]
+        md.add_rows(1, [(c[None, :], v[None, :]) for c, v in flat], hi=cap - offset)
+
+
+def state_windows(n_of: np.ndarray, output: int, J: int, free_end: bool, initial: int) -> list[np.ndarray]:
+    """Per batch boundary j = 0..J, which states (with n_of tokens generated) a request can be in:
+    before batch j at most j tokens exist, and O - n tokens (1 - n when the model stops at the first
+    tokens) need as many batches more; at j = 0 only the initial state."""
+    need = np.maximum(0, 1 - n_of) if free_end else output - n_of
+    allowed = [(n_of <= j) & (need <= J - j) for j in range(J + 1)]
+    allowed[0] = np.zeros(len(n_of), bool)
+    allowed[0][initial] = True
+    return allowed
+
+
+#: capacity cuts for k = 1 .. this many (Fekete-Schepers functions u^(k) of the KV row)
+CAPACITY_CUTS = 8
+
+
+def dual_feasible_weights(used: np.ndarray, capacity: int, k: int) -> np.ndarray:
+    """Fekete and Schepers' dual-feasible function u^(k) of used / capacity: x if (k + 1) x is an
+    integer, else floor((k + 1) x) / k. Superadditive with u(1) = 1, so the weights of whatever fits
+    in one batch sum to at most 1."""
+    return _dff_numerators(used, capacity, k) / (k * capacity)
+
+
+def _dff_numerators(used, capacity: int, k: int) -> np.ndarray:
+    """u^(k) times k * capacity: integers, so that the integer (CP-SAT) model can take the rows."""
+    used = np.asarray(used, dtype=np.int64)
+    scaled = (k + 1) * used
+    return np.where(scaled % capacity == 0, k * used, (scaled // capacity) * capacity)
+
+
+def _add_capacity_cuts(md: Model, instance: Instance, terms: BatchTerms, y: np.ndarray, linked: bool) -> None:
+    """Valid inequalities that tighten the relaxation (docs/formulation.md, "capacity cuts").
+
+    The KV row of a batch, mapped through the dual-feasible functions u^(k): for k = 1 at most one
+    request holds more than M / 2, or two exactly M / 2; likewise for more, smaller requests. When
+    every request must be done by the horizon (`linked`), an unused batch (y = 0, and so are all
+    later batches) holds no KV at all, so the right-hand sides scale with y: KV <= M y,
+    tokens <= C y, and the u^(k) rows <= y. The relaxation then pays an intercept for every
+    fraction of a batch that a fraction of a request occupies.
+    """
+    s = instance.system
+    M = s.kv_capacity
+    peaks = np.array([s.blocks(r.peak_kv) for r in instance.requests])
+    for j in range(terms.J):
+        if terms.tokens[j] and linked:
+            cols = np.concatenate([c for c, _ in terms.tokens[j]])
+            vals = np.concatenate([v for _, v in terms.tokens[j]])
+            md.add_rows(1, [(cols[None, :], vals[None, :]), (y[j:j + 1], -float(s.max_batch_tokens))], hi=0)
+        if not terms.kv[j]:
+            continue
+        cols = np.concatenate([c for c, _ in terms.kv[j]])
+        kv = np.concatenate([v for _, v in terms.kv[j]]).astype(np.int64)
+        if linked:
+            md.add_rows(1, [(cols[None, :], kv[None, :]), (y[j:j + 1], -float(M))], hi=0)
+        for k in range(1, CAPACITY_CUTS + 1):
+            if dual_feasible_weights(peaks, M, k).sum() <= 1:  # never binding
+                continue
+            w = _dff_numerators(kv, M, k)  # the row times k M
+            keep = w > 0
+            if not keep.any():
+                continue
+            if linked:
+                md.add_rows(1, [(cols[keep][None, :], w[keep][None, :]), (y[j:j + 1], -float(k * M))], hi=0)
+            else:
+                md.add_rows(1, [(cols[keep][None, :], w[keep][None, :])], hi=k * M)
+
+
 def build_network(instance: Instance, objective: str = "total_latency", horizon: int = 8,
                   constraints: Constraints = Constraints(), tick: float | None = None) -> NetworkFormulation:
     if objective not in OBJECTIVES:
@@ -126,50 +324,21 @@ def build_network(instance: Instance, objective: str = "total_latency", horizon:
     if constraints.admission_order is not None:
         raise ValueError("the network formulation counts identical requests and cannot fix an admission order; use bigm")
     sys_ = instance.system
-    cost = instance.cost
     J = int(horizon)
-    N = len(instance)
-    C, P, M, b = sys_.max_batch_tokens, sys_.max_prefill_tokens, sys_.kv_capacity, sys_.block_size
+    C, P, b = sys_.max_batch_tokens, sys_.max_prefill_tokens, sys_.block_size
     units = TimeUnits.for_model(instance, tick)
-    coef, to_time, up_time = units.coefficients(cost), units.down, units.up
-    A = instance.arrivals
-    online = bool((A > 0).any())
+    coef = units.coefficients(instance.cost)
     md = Model()
-    y = md.binary("y", J)
-    T_max = (cost.intercept + cost.per_token * C + cost.decode_kv * M + cost.prefill_attention * (C * C + 2.0 * M * C)
-             + cost.prefill_kv * M + cost.per_prefill_request * min(N, C))
-    T = md.add_vars("T", J, 0, up_time(T_max), tick is not None)
-    idle_max = float(A.max()) if online else 0.0
-    idle = md.add_vars("idle", J, 0, up_time(idle_max), tick is not None) if online else None
-    t_start = None
-    if online:
-        t_start = md.add_vars("t", J, 0, up_time(idle_max + J * T_max), tick is not None)
-        md.add_rows(1, [(t_start[:1], 1), (idle[:1], -1)], 0, 0)
-        if J > 1:
-            md.add_rows(J - 1, [(t_start[1:], 1), (t_start[:-1], -1), (T[:-1], -1), (idle[1:], -1)], 0, 0)
-
+    clock = add_clock(md, instance, J, units, tick is not None)
+    terms = BatchTerms(J)
     classes = []
-    # per batch, the terms of the batch rows: (cols, coefs) lists
-    tok_terms = [[] for _ in range(J)]
-    pre_terms = [[] for _ in range(J)]
-    kv_terms = [[] for _ in range(J)]
-    cost_terms = [[] for _ in range(J)]
-    proc_terms = [[] for _ in range(J)]
-    dec_terms = [[] for _ in range(J)]
-    unfinished_terms = [[] for _ in range(J)]  # requests not done before batch j (mean latency)
-    no_token_terms = [[] for _ in range(J)]  # requests without a first token before batch j (mean TTFT)
+    free_end = stops_at_first_tokens(objective, constraints)
     for k, (I, O, a, ids) in enumerate(request_classes(instance)):
         cl = _build_class(I, O, a, ids, b, C, P, constraints)
         nk = len(ids)
         n_of = np.array([s[1] for s in cl.states])
         n_states = len(cl.states)
-        # time windows: before batch j (0-based) at most j tokens exist; O - n tokens need O - n more batches
-        free_end = stops_at_first_tokens(objective, constraints)
-        need = np.maximum(0, 1 - n_of) if free_end else O - n_of  # batches still needed at least
-        allowed = [(n_of <= j) & (need <= J - j) for j in range(J + 1)]
-
-        allowed[0] = np.zeros(n_states, bool)
-        allowed[0][cl.index[(0, 0)]] = True
+        allowed = state_windows(n_of, O, J, free_end, cl.index[(0, 0)])
         cols_j = []
         z_cols: dict[int, int] = {}
         for j in range(J):
@@ -179,28 +348,13 @@ def build_network(instance: Instance, objective: str = "total_latency", horizon:
             cols_j.append((tids, xv))
             if len(tids) == 0:
                 continue
-            tok_terms[j].append((xv, cl.tokens[tids]))
-            pre_terms[j].append((xv, cl.prefill_tokens[tids]))
-            kv_terms[j].append((xv, cl.kv[tids]))
-            cost_terms[j].append((xv, cl.features[tids] @ coef))
-            proc = cl.processing[tids]
-            if proc.any():
-                proc_terms[j].append((xv[proc], np.ones(proc.sum())))
-                md.add_rows(1, [(y[j:j + 1], nk), (xv[proc][None, :], -1)], lo=0)
-                if online and a > 0:  # z = 1 if the class processes anything; then the batch starts after a
-                    z = md.binary(f"z{k}_{j}", 1)
-                    z_cols[j] = int(z[0])
-                    md.add_rows(1, [(z, nk), (xv[proc][None, :], -1)], lo=0)
-                    md.add_rows(1, [(t_start[j:j + 1], 1), (z, -to_time(a))], lo=0)
-            dec = cl.decode[tids]
-            if dec.any():
-                dec_terms[j].append((xv[dec], np.ones(dec.sum())))
-            not_done = cl.src[tids] != n_states - 1
-            if not_done.any():
-                unfinished_terms[j].append((xv[not_done], np.ones(not_done.sum())))
-            no_tok = n_of[cl.src[tids]] == 0
-            if no_tok.any():
-                no_token_terms[j].append((xv[no_tok], np.ones(no_tok.sum())))
+            src = cl.src[tids]
+            terms.add(j, xv, tokens=cl.tokens[tids], prefill=cl.prefill_tokens[tids], kv=cl.kv[tids],
+                      cost=cl.features[tids] @ coef, processing=cl.processing[tids], decode=cl.decode[tids],
+                      unfinished=src != n_states - 1, no_token=n_of[src] == 0)
+            z = link_processing(md, clock, units, j, nk, a, xv[cl.processing[tids]], f"z{k}_{j}")
+            if z is not None:
+                z_cols[j] = z
         # flow conservation per state and batch boundary
         for j in range(J + 1):
             states = np.nonzero(allowed[j])[0]
@@ -228,56 +382,11 @@ def build_network(instance: Instance, objective: str = "total_latency", horizon:
         cl.cols = cols_j
         cl.z = z_cols
         classes.append(cl)
+    finish_model(md, instance, objective, constraints, clock, terms, coef, units, tick is not None)
 
-    def batch_row(j, terms_list, extra=(), lo=-np.inf, hi=np.inf):
-        terms = [(np.asarray(c)[None, :], np.asarray(v, dtype=float)[None, :]) for c, v in terms_list[j]] + list(extra)
-        if terms:
-            md.add_rows(1, terms, lo, hi)
-
-    for j in range(J):
-        batch_row(j, tok_terms, hi=C)
-        batch_row(j, pre_terms, hi=P)
-        batch_row(j, kv_terms, hi=M)
-        batch_row(j, cost_terms, extra=[(T[j:j + 1], -1.0), (y[j:j + 1], coef[0])], lo=0, hi=0)
-        if constraints.max_batch_size is not None:
-            batch_row(j, proc_terms, hi=constraints.max_batch_size)
-    if constraints.no_hybrid:
-        w = md.binary("w", J)
-        for j in range(J):  # w_j = 1: a decode-only batch; 0: prefill-type only
-            batch_row(j, dec_terms, extra=[(w[j:j + 1], -N)], hi=0)
-            prefill = proc_terms[j] + [(c, -np.asarray(v, dtype=float)) for c, v in dec_terms[j]]
-            md.add_rows(1, [(np.asarray(c)[None, :], np.asarray(v, dtype=float)[None, :]) for c, v in prefill]
-                        + [(w[j:j + 1], N)], hi=N)
-    if J > 1:
-        md.add_rows(J - 1, [(y[:-1], 1), (y[1:], -1)], lo=0)
-
-    delta = [(T, 1)] + ([(idle, 1)] if online else [])
-    if objective == "total_latency":
-        obj_terms, offset = delta, 0.0
-    else:
-        # sum over batches of Delta_j times the number U_j of requests not finished (no first token) before j;
-        # U_j = sum_b 2^b u_jb in binary, q_jb >= Delta_j - Dmax (1 - u_jb) is exact at integer points
-        dmax = up_time(T_max + idle_max)
-        bits = max(1, int(math.ceil(math.log2(N + 1))))
-        pw = 2.0 ** np.arange(bits)
-        u = md.binary("u", (J, bits))
-        q = md.add_vars("q", (J, bits), 0, dmax, tick is not None)
-        source = unfinished_terms if objective == "mean_latency" else no_token_terms
-        for j in range(J):
-            batch_row(j, source, extra=[(u[j][None, :], -pw[None, :])], lo=0, hi=0)
-        md.add_rows((J, bits), [(q, 1), (T[:, None], -1), (u, -dmax)] + ([(idle[:, None], -1)] if online else []), lo=-dmax)
-        if tick is None:
-            obj_terms, offset = [(q, pw[None, :] / N)], -float(sum(map(to_time, A))) / N
-        else:
-            obj_terms, offset = [(q, pw[None, :])], -float(sum(up_time(a) for a in A))
-    md.set_objective(obj_terms, offset)
-    if constraints.objective_cap is not None:
-        cap = constraints.objective_cap * units.objective_scale(objective, N)
-        flat = [(np.asarray(c).reshape(-1), np.broadcast_to(np.asarray(v, dtype=float), np.shape(c)).reshape(-1))
-                for c, v in obj_terms]
-        md.add_rows(1, [(c[None, :], v[None, :]) for c, v in flat], hi=cap - offset)
     form = NetworkFormulation(instance, objective, J, constraints, md, tick, coef, units, name="network")
     form.classes = classes
+    form.terms = terms
     form.info.update(md.size)
     form.info["classes"] = len(classes)
     return form
@@ -361,36 +470,26 @@ def _assignment(form: NetworkFormulation, schedule: Schedule) -> np.ndarray:
         x[B["y"][j]] = any_c
         clock.advance(x, j, T, any_c, latest)
     if "w" in B:
-        _fill_hybrid_flags(form, x)
+        fill_hybrid_flags(form, x)
     if "u" in B:
-        _fill_counts(form, x)
+        fill_counts(form, x)
     return x
 
 
-def _fill_hybrid_flags(form, x) -> None:
-    B = form.model.blocks
+def fill_hybrid_flags(form, x) -> None:
+    """The no-hybrid flag w_j of a warm start: 1 for a batch with a decode-type request."""
     for j in range(form.horizon):
-        dec = 0
-        for cl in form.classes:
-            tids, xv = cl.cols[j]
-            dec += float(x[xv][cl.decode[tids]].sum()) if len(tids) else 0.0
-        x[B["w"][j]] = 1.0 if dec > 0 else 0.0
+        x[form.blocks["w"][j]] = 1.0 if form.terms.value("decode", j, x) > 0 else 0.0
 
 
-def _fill_counts(form, x) -> None:
-    B = form.model.blocks
+def fill_counts(form, x) -> None:
+    """The binary counts u and products q of a warm start (mean objectives)."""
+    B = form.blocks
     bits = B["u"].shape[1]
     delta = x[B["T"]] + (x[B["idle"]] if "idle" in B else 0.0)
+    source = "unfinished" if form.objective == "mean_latency" else "no_token"
     for j in range(form.horizon):
-        count = 0
-        for cl in form.classes:
-            tids, xv = cl.cols[j]
-            if not len(tids):
-                continue
-            n_src = np.array([cl.states[s][1] for s in cl.src[tids]])
-            done = cl.src[tids] == len(cl.states) - 1
-            mask = ~done if form.objective == "mean_latency" else (n_src == 0)
-            count += int(round(x[xv][mask].sum()))
+        count = int(round(form.terms.value(source, j, x)))
         for bit in range(bits):
             on = (count >> bit) & 1
             x[B["u"][j, bit]] = on

@@ -1,1 +1,36 @@
-"""Triton kernels with plain-PyTorch reference twins (filled by the executor work)."""
+"""Paged-KV kernels: Triton kernels and their plain-PyTorch reference twins.
+
+Both backends implement the same three operations with the same signatures:
+
+* `write_kv(key, value, k_cache, v_cache, slot_mapping)`: store each new token's K and V
+  in the block pool at its slot;
+* `decode_attention(q, k_cache, v_cache, batch)`: one query per request (its last token)
+  attending to the request's whole cache;
+* `prefill_attention(q, k_cache, v_cache, batch)`: a chunk of c tokens per request
+  attending causally to its m cached tokens plus the chunk up to itself.
+
+The pool layout and `PagedBatch` are in `layout.py`. `reference` runs anywhere (the
+executor's CPU path and the kernels' test oracle); `triton` needs a GPU, or
+`TRITON_INTERPRET=1` set before triton is imported (CPU, slow: tests only).
+"""
+from __future__ import annotations
+
+from types import ModuleType
+
+from .layout import PagedBatch, token_slots
+
+BACKENDS = ("torch", "triton")
+
+
+def backend(name: str) -> ModuleType:
+    """The module holding the three operations of backend `name` (imported on demand)."""
+    if name == "torch":
+        from . import reference
+        return reference
+    if name == "triton":
+        from . import triton_ops
+        return triton_ops
+    raise ValueError(f"unknown kernel backend {name!r}; known: {', '.join(BACKENDS)}")
+
+
+__all__ = ["BACKENDS", "PagedBatch", "backend", "token_slots"]

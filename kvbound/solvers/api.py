@@ -17,16 +17,20 @@ import numpy as np
 from ..errors import KvboundError, SchedulerRefused, SchedulerStuck
 from ..formulation.bigm import (OBJECTIVES, Constraints, build_bigm, first_token_prefix, horizon_for,
                                stops_at_first_tokens)
+from ..formulation.chain import build_chain, chain_size
 from ..formulation.network import build_network, network_size
 from ..schedule import Batch, Metrics, ReplayState, Schedule, validate
 from ..schedulers import FAST_HEURISTICS, run_scheduler
 from ..workload import Instance
-from .backends import BACKENDS, bound_above, solve_cbc, solve_cpsat, solve_highs
+from .backends import BACKENDS, BackendOutcome, bound_above, solve_cbc, solve_cpsat, solve_highs
 from .bounds import analytic_bounds
 
-FORMULATIONS = ("auto", "network", "bigm")
-#: "auto" picks the network model while it stays this small (transition variables), else bigm
-NETWORK_LIMIT = 400_000
+FORMULATIONS = ("auto", "chain", "network", "bigm")
+BUILDERS = {"chain": build_chain, "network": build_network, "bigm": build_bigm}
+#: state networks fold evict-only batches into the next batch (docs/formulation.md)
+STATE_NETWORKS = ("chain", "network")
+#: "auto" picks the chain model while it stays this small (arc variables), else bigm
+CHAIN_LIMIT = 1_500_000
 REL_TOL = 1e-6
 
 
@@ -169,13 +173,13 @@ def solve(instance: Instance, objective: str = "total_latency", backend: str = "
     # the horizon comes from the best schedule of all candidates (they meet the constraints)
     ub = objective_value(best.metrics, objective) if best else None
     if formulation == "auto":
-        # size the network model with the horizon it would get (bigm's is at most twice that)
+        # size the chain model with the horizon it would get (bigm's is at most twice that)
         j_net = horizon or (horizon_for(instance, objective, ub, not constraints.no_evict, True)[0] if ub is not None else 64)
-        small = network_size(instance, j_net) <= NETWORK_LIMIT
-        formulation = "network" if small and constraints.admission_order is None else "bigm"
+        small = chain_size(instance, j_net) <= CHAIN_LIMIT
+        formulation = "chain" if small and constraints.admission_order is None else "bigm"
     if ub is not None:
         j_cert, certified, why = horizon_for(instance, objective, ub, allow_evict=not constraints.no_evict,
-                                             evict_batches_implicit=formulation == "network")
+                                             evict_batches_implicit=formulation in STATE_NETWORKS)
     else:
         j_cert, certified, why = None, False, "no schedule meets the constraints to derive a horizon from"
     if horizon is not None:
@@ -192,30 +196,38 @@ def solve(instance: Instance, objective: str = "total_latency", backend: str = "
             prefix = Schedule(instance.requests, first_token_prefix(instance, best.schedule.batches))
         J = max(J, _batches_needed(prefix, formulation))
     tick = _tick_for(instance, J) if backend == "cpsat" else None
-    t_build = time.perf_counter()
-    builder = build_network if formulation == "network" else build_bigm
-    form = builder(instance, objective, J, constraints, tick=tick)
-    arrays = form.model.finalize()
-    build_seconds = time.perf_counter() - t_build
-    if export:
-        export_model(arrays, form, export)
+    size = model_size(instance, formulation, J)
     warm_x = None
     warm_name = None
-    warm_within_cap = best is not None and (cap is None or ub <= cap * (1 + 1e-12))
-    if best is not None and warm_within_cap and warm_start:
-        warm_x = form.warm_start(best.schedule)
-        warm_name = best.name
-        bad = arrays.check(warm_x)
-        if bad:  # a formulation bug: say so instead of silently starting cold
-            raise RuntimeError(f"warm start from {best.name} violates the {form.name} model: {bad[0]}")
-    remaining = max(0.5, time_limit - (time.perf_counter() - t_start))
-    if backend == "highs":
-        out = solve_highs(arrays, remaining, warm_x, verbose=verbose)
-    elif backend == "cpsat":
-        out = solve_cpsat(arrays, remaining, warm_x, verbose=verbose)
+    build_seconds = 0.0
+    form = None
+    if size > MODEL_LIMIT and not export:
+        # no solver could take it here: the best heuristic schedule and the analytic bounds stand
+        out = BackendOutcome("unknown", None, None, -math.inf, 0.0, None,
+                             {"skipped": f"the {formulation} model would have ~{size:,} variables (limit {MODEL_LIMIT:,})"})
+        scale = 1.0
     else:
-        out = solve_cbc(arrays, remaining, warm_x, verbose=verbose)
-    scale = form.objective_scale()
+        t_build = time.perf_counter()
+        form = BUILDERS[formulation](instance, objective, J, constraints, tick=tick)
+        arrays = form.model.finalize()
+        build_seconds = time.perf_counter() - t_build
+        if export:
+            export_model(arrays, form, export)
+        warm_within_cap = best is not None and (cap is None or ub <= cap * (1 + 1e-12))
+        if best is not None and warm_within_cap and warm_start:
+            warm_x = form.warm_start(best.schedule)
+            warm_name = best.name
+            bad = arrays.check(warm_x)
+            if bad:  # a formulation bug: say so instead of silently starting cold
+                raise RuntimeError(f"warm start from {best.name} violates the {form.name} model: {bad[0]}")
+        remaining = max(0.5, time_limit - (time.perf_counter() - t_start))
+        if backend == "highs":
+            out = solve_highs(arrays, remaining, warm_x, verbose=verbose)
+        elif backend == "cpsat":
+            out = solve_cpsat(arrays, remaining, warm_x, verbose=verbose)
+        else:
+            out = solve_cbc(arrays, remaining, warm_x, verbose=verbose)
+        scale = form.objective_scale()
     # the solver's schedule, re-evaluated exactly
     options: list[Candidate] = []
     if out.x is not None:
@@ -252,7 +264,7 @@ def solve(instance: Instance, objective: str = "total_latency", backend: str = "
         "build_seconds": build_seconds, "warm_start": warm_name, "warm_start_accepted": out.warm_start_accepted,
         "solver_bound": _finite_or_none(solver_bound), "analytic_bound": _finite_or_none(analytic),
         "conditional_bound": _finite_or_none(conditional_bound) if conditional_bound is not None else None,
-        "bound_discarded": discarded, "model": form.info, "tick": tick, "constraints": constraints.describe(), "formulation_requested": requested,
+        "bound_discarded": discarded, "model": form.info if form else {"variables": size}, "tick": tick, "constraints": constraints.describe(), "formulation_requested": requested,
         **out.stats,
     }
     return Result(status, objective, value, lower, certified, gap, backend, formulation,
@@ -260,11 +272,29 @@ def solve(instance: Instance, objective: str = "total_latency", backend: str = "
                   chosen.metrics if chosen else None, chosen.name if chosen else "", stats)
 
 
-def _batches_needed(schedule: Schedule, formulation: str) -> int:
-    """Batches the warm-start schedule occupies in the model (the network model folds evict-only batches)."""
+#: larger models are not built (memory on a 24 GiB machine); `solve` then reports the best heuristic
+#: schedule with the analytic bounds
+MODEL_LIMIT = 1_500_000
+
+
+def model_size(instance: Instance, formulation: str, horizon: int) -> int:
+    """About how many variables the formulation has at this horizon."""
+    if formulation == "chain":
+        return chain_size(instance, horizon)
     if formulation == "network":
+        return network_size(instance, horizon)
+    bits = max(1, int(math.ceil(math.log2(instance.system.max_batch_tokens + 1))))
+    return horizon * len(instance) * (16 + 2 * bits)
+
+
+def _batches_needed(schedule: Schedule, formulation: str) -> int:
+    """Batches the warm-start schedule occupies in the model (state networks fold evict-only batches)."""
+    if formulation in STATE_NETWORKS:
         return sum(1 for b in schedule.batches if b.tokens) + (1 if schedule.batches and not schedule.batches[-1].tokens else 0)
     return sum(1 for b in schedule.batches if b.tokens or b.evict)
+
+
+CPSAT_MAGNITUDE_BITS = 36
 
 
 def _tick_for(instance: Instance, horizon: int) -> float:
@@ -273,14 +303,16 @@ def _tick_for(instance: Instance, horizon: int) -> float:
     Cost coefficients are floored to integers in these units, which keeps the bound valid.
     If a power of ten makes every coefficient and arrival an exact integer, that one is used
     (then nothing is lost); otherwise the smallest non-zero coefficient becomes >= 10^5
-    units. Either way horizon * (largest batch time) must stay below 2^52 units.
+    units. Either way horizon * (largest batch time) must stay below 2^36 units: with larger
+    values CP-SAT's floating-point relaxation was seen proving a wrong optimum (a bound 9% above a
+    feasible point of the same model, tests/test_solvers.py::test_cpsat_with_a_non_decimal_preset_and_arrivals).
     """
     cost, s = instance.cost, instance.system
     t_max = (cost.intercept + cost.per_token * s.max_batch_tokens + cost.decode_kv * s.kv_capacity
              + cost.prefill_attention * (s.max_batch_tokens ** 2 + 2.0 * s.kv_capacity * s.max_batch_tokens)
              + cost.prefill_kv * s.kv_capacity + cost.per_prefill_request * len(instance))
     span = ((horizon + 1) * t_max + float(instance.arrivals.max()) + 1.0) * max(1, len(instance))
-    limit = 2.0 ** 52 / span
+    limit = 2.0 ** CPSAT_MAGNITUDE_BITS / span
     values = [v for v in list(cost.coefficients) + list(instance.arrivals) if v > 0]
     for k in range(0, 13):
         tick = 10.0 ** k

@@ -20,8 +20,9 @@ def register(sub) -> None:
     _common(p)
     p.add_argument("--solver", default="highs", choices=BACKENDS)
     p.add_argument("--formulation", default="auto", choices=FORMULATIONS,
-                   help="network: strong per-class state network; bigm: the seed paper's model; auto (default): "
-                        "network while it is small enough, else bigm")
+                   help="chain: per-class state network with one arc per token (strong, size ~ I); network: one "
+                        "arc per chunk (size ~ I^2); bigm: the seed paper's model; auto (default): chain while it "
+                        "is small enough, else bigm")
     p.add_argument("--warm-start", default=",".join(FAST_HEURISTICS),
                    help="heuristics whose best valid schedule seeds the solver (comma list), or none")
     p.add_argument("--no-evict", action="store_true", help="forbid evictions")
@@ -109,6 +110,8 @@ def cmd_solve(args) -> int:
     print(f"  horizon      J = {res.stats['horizon']}: {res.stats['horizon_reason']}")
     if res.stats.get("constraints"):
         print(f"  constraints  {'; '.join(res.stats['constraints'])}")
+    if res.stats.get("skipped"):
+        print(f"  solver       not run: {res.stats['skipped']}; the bound is analytic")
     print(f"  warm start   {res.stats['warm_start'] or 'none'} (accepted by the solver: {res.stats['warm_start_accepted']})")
     print(f"  time         {res.seconds:.2f} s (model build {res.stats['build_seconds']:.2f} s)")
     if args.export:

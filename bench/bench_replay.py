@@ -1,0 +1,154 @@
+"""Close the loop of the cost model on the executor: profile -> calibrate -> solve/simulate -> replay.
+
+    python bench/bench_replay.py [--device cpu] [--shape tiny] [--case cases/replay_tiny.toml]
+                                 [--schedulers sarathi,vllm] [--time-limit 60] [--repeat 5]
+
+1. `kvbound profile` times the grid of batch compositions on the executor;
+2. `kvbound calibrate` fits the six cost coefficients (non-negative least squares);
+3. `kvbound solve` computes the best schedule of the case (priced by the case's own [cost],
+   itself an earlier calibration on this kind of machine) and `kvbound simulate` the
+   heuristic schedules;
+4. `kvbound replay --cost <fresh calibration>` executes each schedule batch by batch and
+   compares predicted with measured latency.
+
+Writes bench/results/replay.md and replay.csv (plus the profile, the fitted [cost] table and
+PNGs of the fit and of each replay). Every step is the command line a user would run; the
+commands are printed and recorded in replay.md. The CPU targets (issue 5): total latency
+within 5 %, mean per-batch error <= 10 %.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+TARGETS = {"cpu": (0.05, 0.10, None), "cuda": (0.03, 0.055, 0.12)}  # total, mean per batch, max per batch
+_SCHEDULES_PREFIX = "kvbound-replay-schedules-"
+COLUMNS = ("schedule", "source", "batches", "predicted_total_s", "measured_total_s", "total_relative_error",
+           "mean_batch_relative_error", "max_batch_relative_error", "meets_targets")
+
+
+def run(argv: list[str], log: list[str]) -> str:
+    """Run `kvbound ARGV` (as `python -m kvbound.cli`), echoing and recording the command; its stdout."""
+    shown = "kvbound " + " ".join(shlex.quote(_relative(a)) for a in argv)
+    print(f"$ {shown}", flush=True)
+    log.append(shown)
+    actual = [str(a.relative_to(ROOT)) if isinstance(a, Path) and a.is_relative_to(ROOT) else str(a) for a in argv]
+    done = subprocess.run([sys.executable, "-m", "kvbound.cli", *actual], cwd=ROOT, text=True,
+                          stdout=subprocess.PIPE)
+    if done.returncode != 0:
+        sys.exit(f"`{shown}` failed with exit status {done.returncode}")
+    print(done.stdout, end="", flush=True)
+    return done.stdout
+
+
+def _relative(arg) -> str:
+    """Paths as the README would write them: relative to the repository; schedules by name."""
+    if isinstance(arg, Path) and arg.is_relative_to(ROOT):
+        return str(arg.relative_to(ROOT))
+    if isinstance(arg, Path) and arg.parent.name.startswith(_SCHEDULES_PREFIX):
+        return arg.name
+    return str(arg)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--shape", help="default: tiny on cpu, llama-2-7b on cuda")
+    parser.add_argument("--case", default="cases/replay_tiny.toml")
+    parser.add_argument("--schedulers", default="sarathi,vllm", help="heuristic schedules to replay besides solve's")
+    parser.add_argument("--time-limit", type=float, default=60.0, help="for kvbound solve")
+    parser.add_argument("--repeat", type=int, default=10, help="passes per batch, fastest kept (profile and replay)")
+    args = parser.parse_args()
+    shape = args.shape or ("tiny" if args.device == "cpu" else "llama-2-7b")
+    executor = ["--device", args.device, "--shape", shape, "--repeat", args.repeat]
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    stem = f"replay_{args.device}"
+    log: list[str] = []
+    t0 = time.perf_counter()
+
+    profile, cost = RESULTS / f"{stem}_profile.csv", RESULTS / f"{stem}_cost.toml"  # kept beside the results
+    run(["profile", *executor, "--out", profile], log)
+    calibration = run(["calibrate", profile, "--out", cost, "--plot", RESULTS / f"{stem}_fit.png"], log)
+
+    schedules = []
+    tmp = Path(tempfile.mkdtemp(prefix=_SCHEDULES_PREFIX))  # the schedules are not kept
+    solved = run(["solve", args.case, "--time-limit", args.time_limit, "--out", tmp / "solve.json"], log)
+    status = next((line.split()[-1] for line in solved.splitlines() if line.strip().startswith("status")), "?")
+    schedules.append(("solve", f"kvbound solve, {status}", tmp / "solve.json"))
+    for name in filter(None, args.schedulers.split(",")):
+        run(["simulate", args.case, "--scheduler", name, "--out", tmp / f"{name}.json"], log)
+        schedules.append((name, "kvbound simulate", tmp / f"{name}.json"))
+
+    total_t, mean_t, max_t = TARGETS[args.device]
+    rows = []
+    for name, source, path in schedules:
+        out = run(["replay", args.case, path, *executor, "--cost", cost, "--json",
+                   "--plot", RESULTS / f"{stem}_{name}.png"], log)
+        data = json.loads(out)
+        ok = data["total_relative_error"] <= total_t and data["mean_batch_relative_error"] <= mean_t and \
+            (max_t is None or data["max_batch_relative_error"] <= max_t)
+        rows.append(dict(zip(COLUMNS, (name, source, data["batches"], data["predicted_total"], data["measured_total"],
+                                       data["total_relative_error"], data["mean_batch_relative_error"],
+                                       data["max_batch_relative_error"], "yes" if ok else "no"))))
+
+    _write_atomic(RESULTS / f"{stem}.csv", _csv(rows))
+    _write_atomic(RESULTS / f"{stem}.md", _markdown(args, shape, rows, calibration, log, time.perf_counter() - t0))
+    print(f"written: {RESULTS / f'{stem}.md'}, {RESULTS / f'{stem}.csv'}")
+    return 0
+
+
+def _csv(rows: list[dict]) -> str:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return buf.getvalue()
+
+
+def _markdown(args, shape: str, rows: list[dict], calibration: str, log: list[str], seconds: float) -> str:
+    total_t, mean_t, max_t = TARGETS[args.device]
+    targets = f"total within {total_t:.0%}, mean per-batch error <= {mean_t:.1%}" + \
+        (f", max <= {max_t:.0%}" if max_t else "")
+    lines = [
+        f"# Replay: predicted vs measured latency ({args.device})",
+        "",
+        f"Case `{args.case}`, shape `{shape}`, fastest of {args.repeat} passes per batch. Machine: "
+        f"{os.cpu_count()}-core {platform.machine()} CPU, Python {platform.python_version()}"
+        + (" (other jobs shared the cores; CPU batch times are the executing thread's CPU time)."
+           if args.device == "cpu" else "."),
+        f"Targets (issue 5): {targets}. Written by `python bench/bench_replay.py` in {seconds:.0f} s.",
+        "",
+        "| schedule | from | batches | predicted (ms) | measured (ms) | total error | mean batch error | "
+        "max batch error | meets targets |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        lines.append(f"| {r['schedule']} | {r['source']} | {r['batches']} | {r['predicted_total_s'] * 1e3:.2f} | "
+                     f"{r['measured_total_s'] * 1e3:.2f} | {r['total_relative_error']:.1%} | "
+                     f"{r['mean_batch_relative_error']:.1%} | {r['max_batch_relative_error']:.1%} | "
+                     f"{r['meets_targets']} |")
+    lines += ["", "Calibration (`kvbound calibrate`):", "", "```", calibration.rstrip(), "```", "",
+              "Commands:", "", "```", *log, "```", ""]
+    return "\n".join(lines)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

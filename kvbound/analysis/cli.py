@@ -1,0 +1,173 @@
+"""`kvbound compare`, `kvbound plot`, `kvbound sweep`, `kvbound export`/`import` (issue 6).
+
+Thin wrappers over kvbound.analysis; matplotlib, tqdm and ray are imported only when a
+command needs them. An invalid schedule (plot, export, import) is exit status 1, like
+`kvbound validate`; bad input is exit status 2 through main().
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+from ..schedule import Schedule, ScheduleError
+
+
+def register(sub) -> None:
+    from ..formulation.bigm import OBJECTIVES
+    from ..solvers.api import FORMULATIONS
+    from ..solvers.backends import BACKENDS
+
+    p = sub.add_parser(
+        "compare", help="every scheduler (and optionally the optimum) on one case: metrics and gaps",
+        description="One row per scheduler: latency, TTFT and TPOT (mean and p99), batches, evictions, recomputed "
+                    "tokens, peak KV, and two gaps of the row's objective value v: gap_to_bound = (v - L) / v with L "
+                    "the best certified lower bound (analytic bounds; with --solve also the solver's), and "
+                    "gap_to_best = (v - B) / v with B the best value of any row. A scheduler that cannot serve the "
+                    "case keeps its row with empty metrics (null in --json) and says why.")
+    p.add_argument("case")
+    p.add_argument("--schedulers", default="all", help="all (default) or a comma list, e.g. vllm,sarathi:prefill_limit=256")
+    p.add_argument("--solve", action="store_true", help="also solve for the optimum (row 'optimal') and its bound")
+    p.add_argument("--objective", default="total_latency", choices=OBJECTIVES, help="the value gaps are measured on")
+    p.add_argument("--time-limit", type=_positive(float), default=60.0, help="solver seconds with --solve (default 60)")
+    p.add_argument("--solver", default="highs", choices=BACKENDS)
+    p.add_argument("--formulation", default="auto", choices=FORMULATIONS)
+    p.add_argument("--plot", metavar="OUT.png", help="also draw a bar chart (.png, .svg or .pdf)")
+    fmt = p.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true", help="print one JSON object")
+    fmt.add_argument("--markdown", action="store_true", help="print a markdown table")
+    p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("plot", help="chart a schedule: each request over time, and the KV cache against M",
+                       description="Boxes per request and batch: prefill/refill black, decode grey, evicted red, "
+                                   "idle holding KV pale blue; below, the KV in use and M. Many batches merge into "
+                                   "bars; beyond 250 requests the chart counts requests per state instead.")
+    p.add_argument("schedule", help="schedule JSON (kvbound simulate/solve --out)")
+    p.add_argument("--case", required=True)
+    p.add_argument("--out", required=True, help="image file: .png, .svg or .pdf")
+    p.add_argument("--title")
+    p.set_defaults(func=cmd_plot)
+
+    p = sub.add_parser("sweep", help="run a grid of cases x schedulers x objectives (resumable), then plot",
+                       description="SPEC.toml is documented in docs/sweeps.md. Results go to DIR/results.csv as "
+                                   "each point finishes; a re-run skips finished points.")
+    p.add_argument("spec")
+    p.add_argument("--backend", choices=("local", "ray"), default="local",
+                   help="local: a process pool (default); ray: Ray tasks")
+    p.add_argument("--address", help="with --backend ray: the cluster to join (e.g. auto or ray://host:10001); "
+                                     "default: start a local Ray instance")
+    p.add_argument("--workers", type=_positive(int), help="parallel points (default: the CPU count)")
+    p.add_argument("--out", help="results folder (default: sweep-results/NAME)")
+    p.set_defaults(func=cmd_sweep)
+
+    p = sub.add_parser("export", help="write a schedule in the seed paper's precomputed form (docs/interop.md)")
+    p.add_argument("schedule", help="schedule JSON")
+    p.add_argument("--case", required=True)
+    p.add_argument("--out", required=True, help="JSON file to write")
+    p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("import", help="read a schedule in the seed paper's precomputed form, validate it")
+    p.add_argument("precomputed", help="JSON in the precomputed form")
+    p.add_argument("--case", required=True)
+    p.add_argument("--out", required=True, help="kvbound schedule JSON to write")
+    p.set_defaults(func=cmd_import)
+
+
+def _positive(kind):
+    """An argparse type: a finite number > 0 (nan, inf, 0 and negatives are bad input, exit 2)."""
+    def parse(text: str):
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+        if not (math.isfinite(v) and v > 0):
+            raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+        return v
+    return parse
+
+
+def _invalid(source: str, exc: ScheduleError) -> int:
+    print(f"error: {source}: invalid schedule: {exc}", file=sys.stderr)
+    return 1
+
+
+def cmd_compare(args) -> int:
+    from ..workload import load_case
+    from .compare import compare
+    from .plot import check_out_path, plot_comparison
+
+    if args.plot:
+        check_out_path(args.plot, "--plot")  # before a long solve, not after
+    instance = load_case(args.case)
+    table = compare(instance, args.schedulers, solve=args.solve, objective=args.objective,
+                    time_limit=args.time_limit, solver=args.solver, formulation=args.formulation)
+    if args.plot:
+        plot_comparison(table, args.plot, title=f"{instance.name or args.case}: {args.objective.replace('_', ' ')}")
+    if args.json:
+        print(json.dumps(table.to_json()))
+    elif args.markdown:
+        print(table.to_markdown())
+    else:
+        print(f"{instance.name or args.case}, {len(instance)} requests")
+        print(table.to_text())
+        if args.plot:
+            print(f"chart written to {args.plot}")
+    return 0
+
+
+def cmd_plot(args) -> int:
+    from ..workload import load_case
+    from .plot import check_out_path, plot_schedule
+
+    check_out_path(args.out)
+    instance = load_case(args.case)
+    schedule = Schedule.load(args.schedule)
+    try:
+        plot_schedule(instance, schedule, args.out, title=args.title)
+    except ScheduleError as exc:
+        return _invalid(args.schedule, exc)
+    print(f"chart written to {args.out}")
+    return 0
+
+
+def cmd_sweep(args) -> int:
+    from .sweep import load_spec, run_sweep
+
+    spec = load_spec(args.spec)
+    out = Path(args.out or Path("sweep-results") / spec.name)
+    result = run_sweep(spec, out, backend=args.backend, workers=args.workers, address=args.address)
+    points = result.ran + result.skipped
+    print(f"sweep {spec.name}: {points} points ({result.skipped} already done, {result.ran} run) "
+          f"in {result.seconds:.1f} s, backend {args.backend}")
+    print(f"results: {out / 'results.csv'}; summary: {out / 'summary.md'}")
+    for path in result.plots:
+        print(f"plot: {path}")
+    return 0
+
+
+def cmd_export(args) -> int:
+    from ..workload import load_case
+    from .interop import export_precomputed
+
+    instance = load_case(args.case)
+    try:
+        data = export_precomputed(instance, args.schedule, args.out)
+    except ScheduleError as exc:
+        return _invalid(args.schedule, exc)
+    print(f"wrote {args.out}: {len(data['batches'])} batches, {len(data['requests'])} requests (precomputed form)")
+    return 0
+
+
+def cmd_import(args) -> int:
+    from ..workload import load_case
+    from .interop import import_precomputed
+
+    instance = load_case(args.case)
+    try:
+        schedule = import_precomputed(instance, args.precomputed, args.out)
+    except ScheduleError as exc:
+        return _invalid(args.precomputed, exc)
+    print(f"wrote {args.out}: {len(schedule.batches)} batches, valid on {instance.name or args.case}")
+    return 0

@@ -1,0 +1,258 @@
+"""`kvbound profile`, `kvbound calibrate`, `kvbound replay` (docs/executor.md).
+
+torch is imported inside the commands only: the rest of kvbound works without the `executor`
+extra, and these commands say how to install it when it is missing.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tomllib
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import InputError, KvboundError
+from ..schedule import Schedule, ScheduleError, validate
+from ..workload import load_case, parse_cost
+from .config import SHAPES
+
+#: reference data beside the repository (see ../shared/data/README.md), read by `calibrate`
+DEFAULT_PROFILING = Path(__file__).resolve().parents[3] / "shared" / "data" / "profiling"
+_OPERATOR_LAYERS = 32  # Llama-2-7B and Llama-3-8B both have 32 layers
+
+
+def register(sub) -> None:
+    p = sub.add_parser("profile", help="time a grid of batch compositions on the executor (CSV for calibrate)")
+    _executor_options(p, shape_required=True)
+    p.add_argument("--out", required=True, help="the profile CSV to write")
+    p.add_argument("--points", type=_positive_int, help="time only this many compositions of the grid (a seeded "
+                                                       "random subset)")
+    p.set_defaults(func=cmd_profile)
+
+    p = sub.add_parser("calibrate", help="fit the six cost coefficients to a profile (non-negative least squares)")
+    p.add_argument("profile", help="CSV written by `kvbound profile`")
+    p.add_argument("--out", required=True, help="write the [cost] table here (TOML)")
+    p.add_argument("--plot", help="write a PNG of the fit here")
+    p.add_argument("--profiling", default=str(DEFAULT_PROFILING),
+                   help="folder of GPU operator profiles (<gpu>/<model>/mlp.csv) to fit per_token and intercept to "
+                        "as well (default: ../shared/data/profiling; skipped if absent)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the held-out split")
+    p.set_defaults(func=cmd_calibrate)
+
+    p = sub.add_parser("replay", help="execute a schedule on the executor: predicted vs measured latency")
+    p.add_argument("case")
+    p.add_argument("schedule", help="schedule JSON (from solve/simulate --out)")
+    _executor_options(p, shape_required=False)
+    p.add_argument("--cost", help="TOML file with a [cost] table (e.g. from calibrate); default: the case's own")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--plot", help="write a PNG of predicted vs measured batch times here")
+    p.set_defaults(func=cmd_replay)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _executor_options(p, *, shape_required: bool) -> None:
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--shape", required=shape_required, metavar="NAME",
+                   help=f"model shape: {', '.join(SHAPES)}" + ("" if shape_required else
+                                                               " (default: tiny on cpu, llama-2-7b on cuda)"))
+    p.add_argument("--layers", type=_positive_int, help="decoder layers (default: the shape's own)")
+    p.add_argument("--repeat", type=_positive_int, default=5,
+                   help="time the whole grid or schedule this many times; each batch's fastest run counts "
+                        "(default 5)")
+    p.add_argument("--threads", type=_positive_int, default=1,
+                   help="CPU threads for torch (default 1: steady timings on a shared machine; use the same "
+                        "number to profile and to replay)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the weights and token ids")
+
+
+def _torch(device: str):
+    """torch, ready for `device`; bad input (exit 2) when it is missing or has no such device."""
+    try:
+        import torch
+    except ImportError:
+        raise KvboundError("this command needs torch and triton: install kvbound[executor] "
+                           "(on CPU machines `pip install torch==2.13.0` first)") from None
+    if device == "cuda" and not torch.cuda.is_available():
+        raise InputError("--device", "", "cuda: no CUDA device is available")
+    return torch
+
+
+def _shape(args):
+    from .config import model_shape
+    return model_shape(args.shape or ("tiny" if args.device == "cpu" else "llama-2-7b"), args.layers)
+
+
+def cmd_profile(args) -> int:
+    torch = _torch(args.device)
+    from .executor import Executor
+    from .profile import grid, run_profile, write_profile_csv
+
+    shape = _shape(args)
+    torch.set_num_threads(args.threads)
+    points = grid(args.device)
+    np.random.default_rng(args.seed).shuffle(points)  # so that --points K takes a random subset
+    points = points[:args.points]
+    out = Path(args.out)
+    if not out.parent.is_dir():
+        raise InputError(str(out), "", "its folder does not exist")
+    executor = Executor.build(shape, device=args.device, max_tokens=max(p.kv_tokens for p in points),
+                              max_sequences=max(p.prefill_requests + p.decode_requests for p in points),
+                              max_seq_len=max(p.max_seq_len for p in points), seed=args.seed)
+    executor.warm_up()
+    rows = run_profile(executor, points, repeat=args.repeat, seed=args.seed)
+    write_profile_csv(out, rows)
+    seconds = np.array([r[-1] for r in rows])
+    print(f"{len(rows)} batches on {args.device} ({shape.name}, {shape.layers} layers, {args.threads} thread(s)): "
+          f"{seconds.min() * 1e3:.2f} to {seconds.max() * 1e3:.2f} ms; written to {out}")
+    return 0
+
+
+def cmd_calibrate(args) -> int:
+    from ..costs import FEATURES
+    from ..costs.operator_profiles import fit_operator_profile
+    from .calibrate import calibrate, cost_toml, read_profile
+
+    features, seconds = read_profile(args.profile)
+    cal = calibrate(features, seconds, seed=args.seed)
+    held, fit = cal.held_out_quality, cal.train_quality
+    print(f"{args.profile}: {len(seconds)} batches, {len(cal.train)} fitted, {len(cal.held_out)} held out")
+    for name in FEATURES:
+        print(f"  {name:<20} {getattr(cal.cost, name):.6g} s")
+    if cal.intercept_clamped:
+        print("  (the fit put the intercept at 0; raised to 1e-9 s: the cost model needs intercept > 0)")
+    print(f"held-out batches: R^2 {held.r2:.4f}, relative error mean {held.mean_relative_error:.1%}, "
+          f"max {held.max_relative_error:.1%}")
+    print(f"fitted batches:   R^2 {fit.r2:.4f}, relative error mean {fit.mean_relative_error:.1%}, "
+          f"max {fit.max_relative_error:.1%}")
+
+    operator_fits = []
+    profiling = Path(args.profiling)
+    files = sorted(profiling.glob("*/*/mlp.csv")) if profiling.is_dir() else []
+    if files:
+        print(f"GPU operator profiles in {profiling} (non-attention operators x {_OPERATOR_LAYERS} layers; "
+              "seed paper: R^2 0.999 on a100/llama-2-7b):")
+    else:
+        print(f"GPU operator profiles: none in {profiling}, skipped")
+    for path in files:
+        name = f"{path.parent.parent.name}/{path.parent.name}"
+        op = fit_operator_profile(path, layers=_OPERATOR_LAYERS)
+        print(f"  {name:<18} {op.rows} batches: intercept {op.intercept:.6g} s, per_token {op.per_token:.6g} s, "
+              f"R^2 {op.r2:.4f}")
+        operator_fits.append((name, path, op))
+
+    comment = (f"kvbound calibrate {args.profile}: {len(seconds)} batches, {len(cal.held_out)} held out: "
+               f"R^2 {held.r2:.4f}, relative error mean {held.mean_relative_error:.1%}, "
+               f"max {held.max_relative_error:.1%}")
+    out = Path(args.out)
+    tmp = out.with_name(out.name + ".tmp")
+    try:
+        tmp.write_text(cost_toml(cal.cost, comment), encoding="utf-8")
+        tmp.replace(out)
+    except OSError as exc:
+        raise InputError(str(out), "", f"cannot write: {exc.strerror or exc}") from None
+    print(f"[cost] written to {out}")
+    if args.plot:
+        from .plots import plot_calibration
+        lines = [(f"{name} (R$^2$ {op.r2:.4f})", *_operator_points(path), op.intercept, op.per_token)
+                 for name, path, op in operator_fits]
+        plot_calibration(args.plot, features @ cal.cost.coefficients, seconds, cal.held_out,
+                         f"executor profile: held-out R$^2$ {held.r2:.3f}, mean error {held.mean_relative_error:.1%}",
+                         lines)
+        print(f"plot written to {args.plot}")
+    return 0
+
+
+def _operator_points(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    import csv
+    with open(path, newline="", encoding="utf-8") as handle:
+        rows = [r for r in csv.DictReader(handle) if int(float(r["num_tensor_parallel_workers"])) == 1]
+    cols = [c for c in rows[0] if c.startswith("time_stats.") and c.endswith(".mean")]
+    tokens = np.array([float(r["num_tokens"]) for r in rows])
+    seconds = np.array([sum(float(r[c]) for c in cols) for r in rows]) * _OPERATOR_LAYERS / 1000.0
+    return tokens, seconds
+
+
+def load_cost_file(path: str):
+    """The [cost] table of a TOML file (a calibrate output or a case file)."""
+    try:
+        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise InputError(path, "", f"cannot read file: {exc.strerror or exc}") from None
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise InputError(path, "", f"malformed TOML: {exc}") from None
+    if not isinstance(data.get("cost"), dict):
+        raise InputError(path, "cost", "missing section [cost]")
+    return parse_cost(path, data["cost"])
+
+
+def cmd_replay(args) -> int:
+    instance = load_case(args.case)
+    schedule = Schedule.load(args.schedule)
+    try:
+        validate(instance, schedule)
+    except ScheduleError as exc:
+        raise InputError(args.schedule, "", f"invalid schedule for {args.case}: {exc}") from None
+    cost = load_cost_file(args.cost) if args.cost else instance.cost
+    shape = _shape(args)
+    torch = _torch(args.device)
+    from .executor import Executor
+
+    torch.set_num_threads(args.threads)
+    executor = Executor.for_instance(instance, shape, device=args.device, seed=args.seed)
+    executor.warm_up()
+    from tqdm import tqdm
+    with tqdm(total=args.repeat * len(schedule.batches), desc="replay", unit="batch", disable=None) as bar:
+        result = executor.replay(instance, schedule, repeat=args.repeat, seed=args.seed,
+                                 on_batch=lambda _: bar.update())
+    predicted, measured = result.predicted(cost), result.measured
+    rel = np.abs(predicted - measured) / measured
+    summary = {
+        "device": args.device,
+        "shape": shape.name,
+        "batches": len(measured),
+        "predicted_total": float(predicted.sum()),
+        "measured_total": float(measured.sum()),
+        "total_relative_error": float(abs(predicted.sum() - measured.sum()) / measured.sum()) if len(measured) else 0.0,
+        "mean_batch_relative_error": float(rel.mean()) if len(rel) else 0.0,
+        "max_batch_relative_error": float(rel.max()) if len(rel) else 0.0,
+        "per_batch": [{"predicted": float(p), "measured": float(m)} for p, m in zip(predicted, measured)],
+    }
+    if args.json:
+        json.dump(summary, sys.stdout)
+        print()
+    else:
+        _print_replay(args, shape, result, predicted, measured, rel, summary)
+    if args.plot:
+        from .plots import plot_replay
+        plot_replay(args.plot, predicted, measured,
+                    f"{instance.name or args.case} on {args.device} ({shape.name}, {shape.layers} layers): total "
+                    f"error {summary['total_relative_error']:.1%}, mean batch error "
+                    f"{summary['mean_batch_relative_error']:.1%}")
+        if not args.json:
+            print(f"plot written to {args.plot}")
+    return 0
+
+
+def _print_replay(args, shape, result, predicted, measured, rel, summary) -> None:
+    print(f"replay of {args.schedule} on {args.case}: {args.device}, {shape.name} ({shape.layers} layers), "
+          f"fastest of {args.repeat} passes per batch")
+    print(f"{'batch':>6} {'tokens':>7} {'decode':>6} {'prefill':>7} {'predicted ms':>13} {'measured ms':>12} "
+          f"{'error':>7}")
+    for j, decode, f, p, m, e in zip(result.batch_index, result.decode_requests, result.features, predicted,
+                                     measured, rel):
+        print(f"{j:>6} {int(f[1]):>7} {decode:>6} {int(f[5]):>7} {p * 1e3:>13.3f} {m * 1e3:>12.3f} {e:>7.1%}")
+    print(f"total: predicted {summary['predicted_total'] * 1e3:.3f} ms, measured {summary['measured_total'] * 1e3:.3f} "
+          f"ms, error {summary['total_relative_error']:.1%}; per batch: mean error "
+          f"{summary['mean_batch_relative_error']:.1%}, max {summary['max_batch_relative_error']:.1%} "
+          f"({summary['batches']} batches)")

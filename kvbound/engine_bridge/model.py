@@ -1,0 +1,130 @@
+"""A Llama-architecture decoder with seeded random weights (nothing is downloaded).
+
+`forward(tokens, positions, context)` runs a batch against the paged KV cache described by a
+`ForwardContext`; with `context=None` it is one plain causal forward pass over a single
+sequence without any cache (the correctness tests' reference).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import ModuleType
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..kernels import PagedBatch
+from .config import ModelShape
+
+
+@dataclass
+class ForwardContext:
+    """Where one batch's tokens go in the KV pools and what each attends to.
+
+    Token rows are ordered decode-type requests first (one row each), then prefill-type
+    requests (c rows each), so each attention kernel gets one contiguous slice of rows.
+    """
+
+    ops: ModuleType  # kernel backend: write_kv, decode_attention, prefill_attention
+    slot_mapping: torch.Tensor  # [T] pool slot of every token of the batch
+    num_decode: int
+    decode: PagedBatch | None
+    prefill: PagedBatch | None
+    kv_caches: list[tuple[torch.Tensor, torch.Tensor]]  # per layer (K pool, V pool)
+
+
+def rotary_tables(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    inv_freq = theta ** -(torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim)
+    angles = positions.float()[:, None] * inv_freq
+    return angles.cos()[:, None], angles.sin()[:, None]  # [T, 1, head_dim / 2]
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate [T, heads, head_dim] by position (the half-split convention of the Llama reference code)."""
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, shape: ModelShape, layer: int):
+        super().__init__()
+        self.layer = layer
+        self.heads, self.kv_heads, self.head_dim = shape.heads, shape.kv_heads, shape.head_dim
+        self.qkv_proj = nn.Linear(shape.hidden, (shape.heads + 2 * shape.kv_heads) * shape.head_dim, bias=False)
+        self.o_proj = nn.Linear(shape.heads * shape.head_dim, shape.hidden, bias=False)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], ctx: ForwardContext | None):
+        tokens = x.shape[0]
+        q, k, v = self.qkv_proj(x).split(
+            [self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim], dim=-1)
+        q = apply_rotary(q.view(tokens, self.heads, self.head_dim), *rope)
+        k = apply_rotary(k.view(tokens, self.kv_heads, self.head_dim), *rope)
+        v = v.reshape(tokens, self.kv_heads, self.head_dim)
+        if ctx is None:  # one sequence, no cache
+            out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+                                                 is_causal=True, enable_gqa=True).transpose(0, 1)
+        else:
+            k_cache, v_cache = ctx.kv_caches[self.layer]
+            ctx.ops.write_kv(k, v, k_cache, v_cache, ctx.slot_mapping)
+            out = torch.empty_like(q)
+            if ctx.decode is not None:
+                ctx.ops.decode_attention(q[:ctx.num_decode], k_cache, v_cache, ctx.decode, out[:ctx.num_decode])
+            if ctx.prefill is not None:
+                ctx.ops.prefill_attention(q[ctx.num_decode:], k_cache, v_cache, ctx.prefill, out[ctx.num_decode:])
+        return self.o_proj(out.reshape(tokens, -1))
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x)), gate and up in one matrix."""
+
+    def __init__(self, shape: ModelShape):
+        super().__init__()
+        self.gate_up_proj = nn.Linear(shape.hidden, 2 * shape.intermediate, bias=False)
+        self.down_proj = nn.Linear(shape.intermediate, shape.hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, shape: ModelShape, layer: int):
+        super().__init__()
+        self.input_norm = nn.RMSNorm(shape.hidden, eps=shape.norm_eps)
+        self.attn = Attention(shape, layer)
+        self.post_attention_norm = nn.RMSNorm(shape.hidden, eps=shape.norm_eps)
+        self.mlp = MLP(shape)
+
+    def forward(self, x, rope, ctx):
+        x = x + self.attn(self.input_norm(x), rope, ctx)
+        return x + self.mlp(self.post_attention_norm(x))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, shape: ModelShape):
+        super().__init__()
+        self.shape = shape
+        self.embed = nn.Embedding(shape.vocab, shape.hidden)
+        self.layers = nn.ModuleList(DecoderLayer(shape, i) for i in range(shape.layers))
+        self.norm = nn.RMSNorm(shape.hidden, eps=shape.norm_eps)
+        self.lm_head = nn.Linear(shape.hidden, shape.vocab, bias=False)
+
+    @classmethod
+    def random(cls, shape: ModelShape, device: torch.device, dtype: torch.dtype, seed: int = 0) -> "LlamaModel":
+        """Seeded random weights (PyTorch's default initialisers), created directly on `device`."""
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            torch.manual_seed(seed)
+            with torch.device(device):
+                model = cls(shape)
+        return model.to(dtype).eval().requires_grad_(False)
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext | None = None) -> torch.Tensor:
+        """Final hidden states [T, hidden] (before the last norm) of the tokens at `positions`."""
+        rope = rotary_tables(positions, self.shape.head_dim, self.shape.rope_theta)
+        x = self.embed(tokens)
+        for layer in self.layers:
+            x = layer(x, rope, ctx)
+        return x
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.norm(hidden)).float()

@@ -1,0 +1,61 @@
+"""The paged KV layout shared by both kernel backends (PagedAttention, Kwon et al. 2023, Section 4).
+
+A layer's K pool (and its V pool) is a tensor `[num_blocks, block_size, kv_heads, head_dim]`.
+Viewed as `[num_blocks * block_size, kv_heads, head_dim]`, row s is one token's slot:
+slot = block * block_size + offset. A request's block table lists its blocks in sequence
+order, so its token at position p is in slot table[p // block_size] * block_size + p % block_size.
+Blocks of one request need not be contiguous or ordered in the pool; only the table is.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import torch
+
+
+@dataclass(frozen=True)
+class PagedBatch:
+    """Per-request metadata of the requests one attention call serves (all on the pool's device).
+
+    Request r owns query rows query_starts[r] .. query_starts[r] + query_lens[r] - 1; those are
+    its tokens at positions seq_lens[r] - query_lens[r] .. seq_lens[r] - 1, whose K and V are
+    already in the pool (write_kv runs first). For decode attention query_lens is all ones.
+    """
+
+    block_tables: torch.Tensor  # [R, max_blocks] int32, padded with 0
+    seq_lens: torch.Tensor  # [R] int32: m + c, the request's cached tokens after this batch
+    query_lens: torch.Tensor  # [R] int32: c
+    query_starts: torch.Tensor  # [R] int32: first query row of each request
+    max_query_len: int  # max of query_lens, known on the host (sizes the kernel grid)
+    block_size: int
+
+    @property
+    def num_requests(self) -> int:
+        return self.seq_lens.shape[0]
+
+    # The reference twins gather each request's keys by slot; the slots are the same in every
+    # layer, so they are computed once per batch (at the first layer) and kept here.
+
+    @cached_property
+    def key_slots(self) -> list[torch.Tensor]:
+        """Per request, the pool slots of its keys at positions 0 .. seq_len - 1."""
+        return [token_slots(self.block_tables, r, torch.arange(n, device=self.seq_lens.device), self.block_size)
+                for r, n in enumerate(self.seq_lens.tolist())]
+
+    @cached_property
+    def padded_key_slots(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """[R, longest seq_len] slots of every request's keys, padded by repeating its last key, and
+        the mask of the real ones."""
+        lens = self.seq_lens.long()
+        positions = torch.arange(int(lens.max()), device=lens.device)
+        real = positions[None, :] < lens[:, None]
+        rows = torch.arange(len(lens), device=lens.device)[:, None]
+        return token_slots(self.block_tables, rows, torch.minimum(positions[None, :], lens[:, None] - 1),
+                           self.block_size), real
+
+
+def token_slots(block_tables: torch.Tensor, rows, positions: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Pool slots (int64) of the tokens at `positions` of the requests in `rows` of `block_tables`
+    (`rows` is one request index for all positions, or a tensor with one per position)."""
+    return block_tables[rows, positions // block_size].long() * block_size + positions % block_size

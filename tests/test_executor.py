@@ -1,0 +1,151 @@
+"""The executor (kvbound/engine_bridge): a request processed in chunks, evicted and refilled, or
+batched with others gives the logits of one plain full-sequence forward pass without a cache;
+replaying a schedule agrees with the semantics of kvbound/schedule.py batch by batch; the block
+manager hands out and takes back whole blocks."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="the executor extra (torch) is not installed")
+
+import kvbound  # noqa: E402
+from kvbound.engine_bridge.block_manager import BlockManager, OutOfBlocks  # noqa: E402
+from kvbound.engine_bridge.config import SHAPES, model_shape  # noqa: E402
+from kvbound.engine_bridge.executor import Executor  # noqa: E402
+from kvbound.engine_bridge.sequence import Sequence  # noqa: E402
+from kvbound.schedulers import run_scheduler  # noqa: E402
+
+SHAPE = model_shape("tiny", layers=2)
+
+
+def _sequence(i: int, prompt: int, output: int = 8, seed: int = 0) -> Sequence:
+    tokens = np.random.default_rng(seed + i).integers(SHAPE.vocab, size=prompt).tolist()
+    return Sequence(i, tokens, prompt, output)
+
+
+def _run_mixed_schedule(executor: Executor) -> tuple[list[Sequence], dict[int, list[tuple[int, torch.Tensor]]]]:
+    """Four batches: chunked prefill, decode, eviction and refill, batching with others.
+    Returns the sequences and, per sequence, (first position, logits) of every processed piece."""
+    a, b, c = _sequence(0, 13), _sequence(1, 7), _sequence(2, 20)
+    pieces: dict[int, list] = {0: [], 1: [], 2: []}
+
+    def run(work, evict=()):
+        start = {seq.id: seq.cached for seq, _ in work}
+        out = executor.step(work, list(evict), keep_logits=True)
+        for seq_id, logits in out.logits.items():
+            pieces[seq_id].append((start[seq_id], logits))
+
+    run([(a, 5), (b, 7)])  # a: first chunk; b: whole prompt (generates)
+    run([(a, 8), (b, 1)])  # a: last chunk (generates); b: decode
+    run([(a, 1), (c, 20)], evict=[b])  # b evicted; a decodes beside c's prefill
+    run([(b, b.uncached), (a, 1), (c, 1)])  # b refills its 7 + 2 tokens; a and c decode
+    run([(b, 1), (c, 1)])
+    return [a, b, c], pieces
+
+
+def _check_against_dense(executor: Executor, seqs, pieces, atol: float) -> None:
+    model = executor.runner.model
+    for seq in seqs:
+        tokens = torch.tensor(seq.tokens, device=executor.runner.device)
+        with torch.inference_mode():
+            dense = model.logits(model(tokens, torch.arange(len(tokens), device=tokens.device))).cpu()
+        covered = 0
+        for start, logits in pieces[seq.id]:
+            torch.testing.assert_close(logits.cpu(), dense[start:start + len(logits)], atol=atol, rtol=1e-3)
+            covered += len(logits)
+        assert covered >= seq.prompt_len  # every prompt token was checked at least once
+        # every generated token is the argmax of the dense logits at the position before it
+        generated = dense[seq.prompt_len - 1:len(seq.tokens) - 1].argmax(-1).tolist()
+        assert generated == seq.tokens[seq.prompt_len:]
+
+
+@pytest.mark.parametrize("block_size", [4, 16])
+def test_chunked_evicted_refilled_and_batched_logits_match_a_dense_forward(block_size):
+    executor = Executor.build(SHAPE, block_size=block_size, max_tokens=64, max_sequences=3, max_seq_len=32)
+    seqs, pieces = _run_mixed_schedule(executor)
+    assert [s.generated for s in seqs] == [3, 4, 3]
+    assert sum(len(logits) for _, logits in pieces[1]) == 7 + 1 + 9 + 1  # b's refill recomputed its 9 tokens
+    _check_against_dense(executor, seqs, pieces, atol=1e-4)
+    for seq in seqs:
+        executor.blocks.free(seq)
+    assert executor.blocks.num_free == executor.blocks.num_blocks
+
+
+def test_the_check_is_not_vacuous():
+    """A wrong position (here: a stale KV block table) must change the logits beyond the tolerance."""
+    executor = Executor.build(SHAPE, block_size=4, max_tokens=64, max_sequences=3, max_seq_len=32)
+    seqs, pieces = _run_mixed_schedule(executor)
+    start, logits = pieces[0][1]
+    shifted = torch.cat([logits[1:], logits[:1]])
+    with pytest.raises(AssertionError):
+        _check_against_dense(executor, seqs, {0: [(start, shifted)], 1: pieces[1], 2: pieces[2]}, atol=1e-4)
+
+
+def test_triton_kernels_give_the_same_logits(monkeypatch):
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu":  # Triton's interpreter: read when triton and the kernels are first imported
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    pytest.importorskip("triton", reason="the executor extra (triton) is not installed")
+    executor = Executor.build(SHAPE, device=device, kernels="triton", block_size=4, max_tokens=64, max_sequences=3,
+                              max_seq_len=32)
+    seqs, pieces = _run_mixed_schedule(executor)
+    _check_against_dense(executor, seqs, pieces, atol=5e-2 if device == "cuda" else 1e-4)
+
+
+@pytest.mark.parametrize("case,scheduler", [("cases/evict_better.toml", "vllm"),
+                                            ("cases/evict_better.toml", "sarathi"),
+                                            ("cases/example.toml", "sarathi")])
+def test_replay_follows_the_semantics(case, scheduler):
+    inst = kvbound.load_case(case)
+    schedule = run_scheduler(inst, scheduler).schedule
+    executor = Executor.for_instance(inst, SHAPE)
+    result = executor.replay(inst, schedule)  # raises if any batch disagrees with ReplayState
+    replay = kvbound.validate(inst, schedule)
+    nonempty = [j for j, b in enumerate(schedule.batches) if b.tokens]
+    assert result.batch_index == nonempty
+    np.testing.assert_array_equal(result.features, replay.batch_features[nonempty])
+    assert (result.measured > 0).all()
+    np.testing.assert_allclose(result.predicted(inst.cost), np.diff(np.r_[0, replay.batch_end])[nonempty], rtol=1e-9)
+
+
+def test_replay_catches_an_executor_that_breaks_the_semantics(monkeypatch):
+    inst = kvbound.load_case("cases/evict_better.toml")
+    schedule = run_scheduler(inst, "vllm").schedule
+    executor = Executor.for_instance(inst, SHAPE)
+    original = executor.step
+
+    def forgets_evictions(work, evict=(), **kw):  # keeps the KV of evicted requests
+        return original(work, (), **kw)
+
+    monkeypatch.setattr(executor, "step", forgets_evictions)
+    with pytest.raises(AssertionError, match="the semantics"):
+        executor.replay(inst, schedule)
+
+
+def test_block_manager_allocates_appends_and_frees_whole_blocks():
+    blocks = BlockManager(num_blocks=5, block_size=4)
+    a, b = Sequence(0, [0] * 9, 9, 2), Sequence(1, [0] * 3, 3, 2)
+    blocks.allocate(a, 5)
+    assert len(a.block_table) == 2 and blocks.num_free == 3
+    blocks.allocate(a, 8)  # still two blocks
+    assert len(a.block_table) == 2
+    blocks.allocate(a, 9)  # appends a third
+    blocks.allocate(b, 3)
+    assert len(set(a.block_table + b.block_table)) == 4 and blocks.num_free == 1
+    with pytest.raises(OutOfBlocks, match="request 1 needs 2 more KV blocks, 1 of 5"):
+        blocks.allocate(b, 12)
+    blocks.free(a)
+    assert a.block_table == [] and blocks.num_free == 4
+
+
+def test_named_shapes():
+    s = SHAPES["llama-2-7b"]
+    assert (s.hidden, s.heads, s.kv_heads, s.intermediate, s.vocab, s.layers, s.head_dim) == \
+        (4096, 32, 32, 11008, 32000, 32, 128)
+    assert s.kv_bytes_per_token(2) == 512 * 1024  # the figure behind the llama2-7b presets' decode_kv
+    assert model_shape("llama-2-7b", layers=2).layers == 2 and model_shape("tiny").layers == SHAPES["tiny"].layers
+    model = kvbound.engine_bridge.model.LlamaModel.random(model_shape("tiny", layers=1), torch.device("cpu"),
+                                                          torch.float32)
+    n_params = sum(p.numel() for p in model.parameters())
+    assert n_params == 1024 * 256 * 2 + 256 * 512 + 256 * 256 + 3 * 256 * 688 + 3 * 256

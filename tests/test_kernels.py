@@ -1,0 +1,133 @@
+"""The Triton kernels against their PyTorch reference twins (kvbound/kernels), on random paged
+batches: several head layouts, KV block sizes, ragged lengths, chunks longer than one kernel
+tile, block tables in shuffled pool order. Pool slots that no request owns and the output
+buffers are poisoned with NaN, so a kernel that reads a wrong slot or leaves a row unwritten
+fails. On CPU the kernels run in Triton's interpreter; on a CUDA machine, compiled, in fp16."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="the executor extra (torch) is not installed")
+CUDA = torch.cuda.is_available()
+if not CUDA:  # must be set before kvbound.kernels.triton_ops is imported (triton.jit reads it)
+    os.environ["TRITON_INTERPRET"] = "1"
+pytest.importorskip("triton", reason="the executor extra (triton) is not installed")
+
+from kvbound.kernels import PagedBatch, backend  # noqa: E402
+
+DEVICE = "cuda" if CUDA else "cpu"
+DTYPE = torch.float16 if CUDA else torch.float32
+TOL = dict(atol=2e-3, rtol=2e-3) if CUDA else dict(atol=1e-5, rtol=1e-5)
+REF, TRITON = backend("torch"), backend("triton")
+
+
+def _interpreter_runs_loops():
+    """Triton's CPU interpreter before 3.8 cannot run a loop with a runtime bound under numpy >= 2.4."""
+    import numpy
+    import triton
+    if CUDA:
+        return True
+    old = tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 8)
+    return not (old and tuple(int(x) for x in numpy.__version__.split(".")[:2]) >= (2, 4))
+
+
+def test_the_triton_interpreter_can_run_the_kernels():
+    assert _interpreter_runs_loops(), ("triton < 3.8 with numpy >= 2.4: the CPU interpreter fails on runtime loop "
+                                       "bounds; install the executor extra again (it asks for the fixed triton)")
+
+
+def _paged(seq_lens, query_lens, block_size, heads, kv_heads, dim, seed):
+    """A pool holding random KV for the given requests in shuffled blocks; every other slot is NaN."""
+    gen = torch.Generator().manual_seed(seed)
+    blocks_per_seq = [-(-n // block_size) for n in seq_lens]
+    num_blocks = sum(blocks_per_seq) + 3  # spare blocks stay poisoned
+    order = torch.randperm(num_blocks, generator=gen).int()
+    width = max(blocks_per_seq) + 1
+    tables = torch.zeros(len(seq_lens), width, dtype=torch.int32)
+    k_cache = torch.full((num_blocks, block_size, kv_heads, dim), float("nan"))
+    v_cache = torch.full_like(k_cache, float("nan"))
+    taken = 0
+    for r, (n, nb) in enumerate(zip(seq_lens, blocks_per_seq)):
+        tables[r, :nb] = order[taken:taken + nb]
+        taken += nb
+        for p in range(n):
+            block, offset = tables[r, p // block_size], p % block_size
+            k_cache[block, offset] = torch.randn(kv_heads, dim, generator=gen)
+            v_cache[block, offset] = torch.randn(kv_heads, dim, generator=gen)
+    q = torch.randn(sum(query_lens), heads, dim, generator=gen)
+    ql = torch.tensor(query_lens, dtype=torch.int32)
+    batch = PagedBatch(tables.to(DEVICE), torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE), ql.to(DEVICE),
+                       (ql.cumsum(0) - ql).int().to(DEVICE), max(query_lens), block_size)
+    return q.to(DEVICE, DTYPE), k_cache.to(DEVICE, DTYPE), v_cache.to(DEVICE, DTYPE), batch
+
+
+HEADS = [(4, 2, 16), (2, 2, 32), (8, 1, 16)]  # (heads, kv_heads, head_dim): GQA, MHA, MQA
+
+
+@pytest.mark.parametrize("heads,kv_heads,dim", HEADS)
+@pytest.mark.parametrize("block_size", [1, 3, 16])
+def test_decode_attention_matches_reference(heads, kv_heads, dim, block_size):
+    seq_lens = [1, 5, 70, 16, 33]  # 70 spans two key tiles
+    q, k_cache, v_cache, batch = _paged(seq_lens, [1] * len(seq_lens), block_size, heads, kv_heads, dim, seed=block_size)
+    expected = REF.decode_attention(q.cpu().float(), k_cache.cpu().float(), v_cache.cpu().float(), _cpu(batch))
+    out = torch.full_like(q, float("nan"))
+    TRITON.decode_attention(q, k_cache, v_cache, batch, out)
+    torch.testing.assert_close(out.cpu().float(), expected, **TOL)
+
+
+@pytest.mark.parametrize("heads,kv_heads,dim", HEADS)
+@pytest.mark.parametrize("block_size", [1, 4, 16])
+def test_prefill_attention_matches_reference(heads, kv_heads, dim, block_size):
+    # (m cached + c chunk): a first prefill, a chunk after a prefix, a 1-token chunk,
+    # a chunk of 70 rows (two query tiles) after 9 cached tokens
+    cached, chunks = [0, 21, 6, 9], [13, 7, 1, 70]
+    seq_lens = [m + c for m, c in zip(cached, chunks)]
+    q, k_cache, v_cache, batch = _paged(seq_lens, chunks, block_size, heads, kv_heads, dim, seed=10 + block_size)
+    expected = REF.prefill_attention(q.cpu().float(), k_cache.cpu().float(), v_cache.cpu().float(), _cpu(batch))
+    out = torch.full_like(q, float("nan"))
+    TRITON.prefill_attention(q, k_cache, v_cache, batch, out)
+    torch.testing.assert_close(out.cpu().float(), expected, **TOL)
+
+
+def test_prefill_reference_is_plain_causal_attention():
+    """The twin itself: a chunk after a cached prefix sees exactly the keys at positions <= its own."""
+    q, k_cache, v_cache, batch = _paged([9], [4], 2, 2, 1, 8, seed=3)
+    out = REF.prefill_attention(q.cpu().float(), k_cache.cpu().float(), v_cache.cpu().float(), _cpu(batch))
+    tables = batch.block_tables.cpu()
+    slots = [int(tables[0, p // 2]) * 2 + p % 2 for p in range(9)]
+    k = k_cache.cpu().float().flatten(0, 1)[slots, 0]  # [9, dim], the one KV head
+    v = v_cache.cpu().float().flatten(0, 1)[slots, 0]
+    for i in range(4):  # query i is at position 5 + i
+        for h in range(2):
+            w = torch.softmax(q.cpu().float()[i, h] @ k[:6 + i].T / 8 ** 0.5, dim=0)
+            torch.testing.assert_close(out[i, h], w @ v[:6 + i])
+
+
+@pytest.mark.parametrize("block_size", [1, 5, 16])
+def test_write_kv_writes_exactly_the_mapped_slots(block_size):
+    gen = torch.Generator().manual_seed(block_size)
+    num_blocks, kv_heads, dim, tokens = 6, 2, 16, 11
+    pool = (num_blocks, block_size, kv_heads, dim)
+    slots = torch.randperm(num_blocks * block_size, generator=gen)[:min(tokens, num_blocks * block_size)]
+    # value as a strided view (a slice of a fused projection, as in the model)
+    fused = torch.randn(len(slots), 3, kv_heads, dim, generator=gen)
+    key, value = fused[:, 0].contiguous(), fused[:, 2]
+    results = []
+    for ops, device, dtype in ((REF, "cpu", torch.float32), (TRITON, DEVICE, DTYPE)):
+        k_cache = torch.full(pool, float("nan"), device=device, dtype=dtype)
+        v_cache = torch.full(pool, float("nan"), device=device, dtype=dtype)
+        ops.write_kv(key.to(device, dtype), value.to(device, dtype), k_cache, v_cache, slots.to(device))
+        results.append((k_cache.cpu().float(), v_cache.cpu().float()))
+    (k_ref, v_ref), (k_tri, v_tri) = results
+    torch.testing.assert_close(k_tri, k_ref, equal_nan=True, **TOL)
+    torch.testing.assert_close(v_tri, v_ref, equal_nan=True, **TOL)
+    written = ~k_ref.flatten(0, 1).isnan().all(-1).all(-1)
+    assert written.sum() == len(slots) and written[slots].all()
+    torch.testing.assert_close(v_ref.flatten(0, 1)[slots], value)
+
+
+def _cpu(batch: PagedBatch) -> PagedBatch:
+    return PagedBatch(batch.block_tables.cpu(), batch.seq_lens.cpu(), batch.query_lens.cpu(),
+                      batch.query_starts.cpu(), batch.max_query_len, batch.block_size)
