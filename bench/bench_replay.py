@@ -69,7 +69,7 @@ def main() -> int:
     parser.add_argument("--case", default="cases/replay_tiny.toml")
     parser.add_argument("--schedulers", default="sarathi,vllm", help="heuristic schedules to replay besides solve's")
     parser.add_argument("--time-limit", type=float, default=60.0, help="for kvbound solve")
-    parser.add_argument("--repeat", type=int, default=10, help="passes per batch, fastest kept (profile and replay)")
+    parser.add_argument("--repeat", type=int, default=5, help="passes per batch, fastest kept (profile and replay)")
     args = parser.parse_args()
     shape = args.shape or ("tiny" if args.device == "cpu" else "llama-2-7b")
     executor = ["--device", args.device, "--shape", shape, "--repeat", args.repeat]
@@ -78,10 +78,8 @@ def main() -> int:
     log: list[str] = []
     t0 = time.perf_counter()
 
-    profile, cost = RESULTS / f"{stem}_profile.csv", RESULTS / f"{stem}_cost.toml"  # kept beside the results
-    run(["profile", *executor, "--out", profile], log)
-    calibration = run(["calibrate", profile, "--out", cost, "--plot", RESULTS / f"{stem}_fit.png"], log)
-
+    # the schedules first, so that the replays follow the profile at once: this machine's speed drifts
+    # by 10-15% over minutes (shared host), and a calibration only describes the minutes it was measured in
     schedules = []
     tmp = Path(tempfile.mkdtemp(prefix=_SCHEDULES_PREFIX))  # the schedules are not kept
     solved = run(["solve", args.case, "--time-limit", args.time_limit, "--out", tmp / "solve.json"], log)
@@ -90,6 +88,10 @@ def main() -> int:
     for name in filter(None, args.schedulers.split(",")):
         run(["simulate", args.case, "--scheduler", name, "--out", tmp / f"{name}.json"], log)
         schedules.append((name, "kvbound simulate", tmp / f"{name}.json"))
+
+    profile, cost = RESULTS / f"{stem}_profile.csv", RESULTS / f"{stem}_cost.toml"  # kept beside the results
+    run(["profile", *executor, "--out", profile], log)
+    calibration = run(["calibrate", profile, "--out", cost, "--plot", RESULTS / f"{stem}_fit.png"], log)
 
     total_t, mean_t, max_t = TARGETS[args.device]
     rows = []
