@@ -19,7 +19,7 @@ from kvbound.kernels import PagedBatch, backend  # noqa: E402
 
 DEVICE = "cuda" if CUDA else "cpu"
 DTYPE = torch.float16 if CUDA else torch.float32
-TOL = dict(atol=2e-3, rtol=2e-3) if CUDA else dict(atol=1e-5, rtol=1e-5)
+TOL = dict(atol=1e-2, rtol=1e-2) if CUDA else dict(atol=1e-5, rtol=1e-5)  # fp16 on the GPU
 REF, TRITON = backend("torch"), backend("triton")
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tomllib
 from pathlib import Path
@@ -139,11 +140,12 @@ def cmd_calibrate(args) -> int:
     operator_fits = []
     profiling = Path(args.profiling)
     files = sorted(profiling.glob("*/*/mlp.csv")) if profiling.is_dir() else []
+    shown = os.path.relpath(profiling)  # ../shared/data/profiling from the repository
     if files:
-        print(f"GPU operator profiles in {profiling} (non-attention operators x {_OPERATOR_LAYERS} layers; "
+        print(f"GPU operator profiles in {shown} (non-attention operators x {_OPERATOR_LAYERS} layers; "
               "seed paper: R^2 0.999 on a100/llama-2-7b):")
     else:
-        print(f"GPU operator profiles: none in {profiling}, skipped")
+        print(f"GPU operator profiles: none in {shown}, skipped")
     for path in files:
         name = f"{path.parent.parent.name}/{path.parent.name}"
         op = fit_operator_profile(path, layers=_OPERATOR_LAYERS)

@@ -62,6 +62,7 @@ def plot_calibration(path, predicted: np.ndarray, measured: np.ndarray, held_out
 def plot_replay(path, predicted: np.ndarray, measured: np.ndarray, title: str) -> None:
     """Top: predicted and measured time of every batch. Bottom: cumulative latency."""
     plt = _pyplot()
+    from matplotlib import ticker
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6.5), sharex=True)
     batches = np.arange(len(measured))
     ms = 1e3
@@ -72,7 +73,8 @@ def plot_replay(path, predicted: np.ndarray, measured: np.ndarray, title: str) -
     top.legend()
     bottom.plot(batches, np.cumsum(measured) * ms, label="measured")
     bottom.plot(batches, np.cumsum(predicted) * ms, ls="--", label="predicted")
-    bottom.set(xlabel="batch", ylabel="cumulative time (ms)")
+    bottom.set(xlabel="batch (non-empty batches, in schedule order)", ylabel="cumulative time (ms)")
+    bottom.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
     bottom.grid(True, alpha=0.3)
     bottom.legend()
     fig.tight_layout()
