@@ -10,7 +10,6 @@ bench/results/fig15.md is rewritten from the CSV, atomically.
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import sys
 import time
@@ -19,11 +18,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tqdm import tqdm  # noqa: E402
-
 from kvbound import load_case  # noqa: E402
 from kvbound.formulation.bigm import Constraints  # noqa: E402
 from kvbound.solvers.prove import compare_sets  # noqa: E402
+from resumable import run_points, write_text_atomic  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 FIG15 = [f"cases/fig15/fig15_I{2 ** k}.toml" for k in range(11)]
@@ -64,9 +62,7 @@ def write_markdown(rows: list[dict], path: Path) -> None:
         lines.append(f"| {r['I']} | {num(r['evict_objective_s'])} | {r['evict_status']} | {num(r['evict_bound_s'])} | "
                      f"{r['evict_evictions']} | {num(r['no_evict_objective_s'])} | {r['no_evict_status']} | "
                      f"**{r['verdict']}** | {r['seconds']} |")
-    tmp = path.with_suffix(".md.tmp")
-    tmp.write_text("\n".join(lines) + "\n")
-    tmp.replace(path)
+    write_text_atomic(path, lines)
 
 
 def main(argv=None) -> int:
@@ -77,23 +73,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(RESULTS / "fig15.csv"))
     args = ap.parse_args(argv)
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    done = {}
-    if out.exists():
-        with open(out, newline="") as fh:
-            done = {row["case"]: row for row in csv.DictReader(fh)}
     cases = args.cases.split(",")
-    new_file = not out.exists()
-    with open(out, "a", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=COLUMNS)
-        if new_file:
-            writer.writeheader()
-        for case in tqdm([c for c in cases if c not in done], desc="fig15 cases", unit="case"):
-            row = run_case(case, args.time_limit, args.formulation)
-            writer.writerow(row)
-            fh.flush()
-            os.fsync(fh.fileno())  # a finished case is on disk before the next starts
-            done[case] = row
+    done = run_points(out, COLUMNS, [(c, args.time_limit, args.formulation) for c in cases], lambda p: p[0],
+                      lambda row: row["case"], run_case, "fig15 cases")
     write_markdown([done[c] for c in cases if c in done], out.with_suffix(".md"))
     print(f"wrote {out} and {out.with_suffix('.md')}")
     return 0

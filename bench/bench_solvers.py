@@ -11,7 +11,6 @@ bench/results/solvers.md is rewritten from the CSV, atomically.
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import sys
 from pathlib import Path
@@ -19,13 +18,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tqdm import tqdm  # noqa: E402
-
 from kvbound import load_case, run_scheduler  # noqa: E402
 from kvbound.formulation.bigm import horizon_for  # noqa: E402
-from kvbound.formulation.chain import chain_size  # noqa: E402
-from kvbound.formulation.network import network_size  # noqa: E402
-from kvbound.solvers.api import CHAIN_LIMIT, solve  # noqa: E402
+from kvbound.solvers.api import MODEL_LIMIT, model_size, solve  # noqa: E402
+from resumable import run_points, write_text_atomic  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 FIG15 = [f"cases/fig15/fig15_I{2 ** k}.toml" for k in range(11)]
@@ -35,7 +31,7 @@ COLUMNS = ("case", "requests", "objective", "formulation", "backend", "time_limi
            "horizon", "variables", "build_s", "machine")
 MACHINE = f"{os.cpu_count()}-core CPU"
 #: larger state-network models are not attempted (memory, build time)
-SKIP = {"network": (network_size, 1_000_000, "transition"), "chain": (chain_size, CHAIN_LIMIT, "arc")}
+SKIP = {"network": (1_000_000, "transition"), "chain": (MODEL_LIMIT, "arc")}
 
 
 def _key(row) -> tuple:
@@ -45,9 +41,9 @@ def _key(row) -> tuple:
 def run_point(case: str, objective: str, formulation: str, backend: str, time_limit: float) -> dict:
     inst = load_case(ROOT / case)
     if formulation in SKIP:
-        size_of, limit, what = SKIP[formulation]
+        limit, what = SKIP[formulation]
         ub = min(run_scheduler(inst, s).replay.metrics.total_latency for s in ("vllm-ef", "sarathi-pc-ef"))
-        size = size_of(inst, horizon_for(inst, objective, ub, True, True)[0])
+        size = model_size(inst, formulation, horizon_for(inst, objective, ub, True, True)[0])
         if size > limit:
             return {**dict.fromkeys(COLUMNS, ""), "case": case, "requests": len(inst), "objective": objective,
                     "formulation": formulation, "backend": backend, "time_limit_s": time_limit,
@@ -87,9 +83,7 @@ def write_markdown(rows: list[dict], path: Path) -> None:
                      f"{r['time_limit_s']} | {r['status']} | {num(r['objective_s'])} | {num(r['lower_bound_s'])} | {gap} | "
                      f"{r['time_to_optimal_s']} | {r['evictions']} | {r['horizon']} | {r['variables']} |")
     lines += _speedups(rows)
-    tmp = path.with_suffix(".md.tmp")
-    tmp.write_text("\n".join(lines) + "\n")
-    tmp.replace(path)
+    write_text_atomic(path, lines)
 
 
 def _speedups(rows: list[dict]) -> list[str]:
@@ -122,27 +116,11 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(RESULTS / "solvers.csv"))
     args = ap.parse_args(argv)
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    done = {}
-    if out.exists():
-        with open(out, newline="") as fh:
-            for row in csv.DictReader(fh):
-                done[_key(row)] = row
     points = [(c, args.objective, f, b, args.time_limit) for c in args.cases.split(",")
               for f in args.formulations.split(",") for b in args.backends.split(",")]
-    todo = [p for p in points if _key(dict(zip(("case", "objective", "formulation", "backend", "time_limit_s"), p))) not in done]
-    new_file = not out.exists()
-    with open(out, "a", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=COLUMNS)
-        if new_file:
-            writer.writeheader()
-        for p in tqdm(todo, desc="solver points", unit="pt"):
-            row = run_point(*p)
-            writer.writerow(row)
-            fh.flush()
-            os.fsync(fh.fileno())  # each finished point is on disk before the next starts
-            done[_key(row)] = row
-    rows = [done[_key(dict(zip(("case", "objective", "formulation", "backend", "time_limit_s"), p)))] for p in points]
+    point_key = lambda p: _key(dict(zip(("case", "objective", "formulation", "backend", "time_limit_s"), p)))  # noqa: E731
+    done = run_points(out, COLUMNS, points, point_key, _key, run_point, "solver points")
+    rows = [done[point_key(p)] for p in points]
     write_markdown(rows, out.with_suffix(".md"))
     print(f"wrote {out} and {out.with_suffix('.md')}")
     return 0

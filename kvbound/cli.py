@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 
 from . import __version__
@@ -19,6 +20,19 @@ from .workload import load_case
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, exit status 2, like every other bad input
         self.exit(2, f"error: {message} (see `{self.prog} --help`)\n")
+
+
+def positive(kind):
+    """An argparse type: a finite number > 0 of `kind` (nan, inf, 0 and negatives are bad input, exit 2)."""
+    def parse(text: str):
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+        if not (math.isfinite(v) and v > 0):  # integers say it as the case files do
+            raise argparse.ArgumentTypeError(f"must be >= 1, got {v}" if kind is int else f"must be a finite number > 0, got {text}")
+        return v
+    return parse
 
 
 def _metrics_json(metrics: Metrics) -> dict:

@@ -211,18 +211,22 @@ def _parse_requests(source: str, entries) -> list[Request]:
 def load_case(path: str | Path) -> Instance:
     """Read and validate a case file."""
     path = Path(path)
+    return parse_case(read_toml(path), str(path), base_dir=path.parent)
+
+
+def read_toml(path: str | Path) -> dict:
+    """A TOML file's tables; an unreadable file or malformed TOML is bad input naming the file."""
     source = str(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise InputError(source, "", f"cannot read file: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:
         raise InputError(source, "", f"cannot read file: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
     try:
-        data = tomllib.loads(text)
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise InputError(source, "", f"malformed TOML: {exc}") from None
-    return parse_case(data, source, base_dir=path.parent)
 
 
 def parse_case(data: dict, source: str = "<case>", base_dir: Path | None = None) -> Instance:

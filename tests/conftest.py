@@ -11,6 +11,21 @@ REPO = Path(__file__).resolve().parents[1]
 #: real traces and profiles, outside the repository (see ../shared/data/README.md); never copied in
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
+#: Figure 15 of the seed paper at I = 2, O = 2 (M = max(2I, I + O - 1) = 4, A100 preset): evicting pays,
+#: and the optimum is tiny to prove
+FIG15_TINY = """
+name = "fig15-tiny"
+[system]
+kv_capacity = 4
+max_batch_tokens = 64
+[cost]
+preset = "llama2-7b-a100"
+[[requests]]
+prompt = 2
+output = 2
+count = 2
+"""
+
 
 @pytest.fixture
 def shared_data() -> Path:

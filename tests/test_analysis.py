@@ -17,21 +17,9 @@ from kvbound.analysis.interop import from_precomputed, to_precomputed
 from kvbound.analysis.roles import DECODE, EVICT, PREFILL, schedule_roles
 from kvbound.errors import SchedulerRefused
 from kvbound.solvers.bounds import analytic_bounds
+from tests.conftest import FIG15_TINY as FIG15
 from tests.oracle import brute_force
 
-#: Figure 15 of the seed paper at I = 2, O = 2 (M = 4): evicting pays, the optimum is tiny to prove
-FIG15 = """
-name = "fig15-tiny"
-[system]
-kv_capacity = 4
-max_batch_tokens = 64
-[cost]
-preset = "llama2-7b-a100"
-[[requests]]
-prompt = 2
-output = 2
-count = 2
-"""
 
 #: docs/semantics.md section 13: an eviction, a refill and an idle jump to a late arrival
 WORKED = """

@@ -12,6 +12,7 @@ import pytest
 
 from kvbound import Schedule, load_case, run_scheduler, validate
 from kvbound.solvers.api import objective_value
+from tests.conftest import FIG15_TINY as FIG15
 from tests.oracle import brute_force
 
 SOLVE_KEYS = {"status", "objective_name", "objective", "lower_bound", "bound_certified", "gap", "solver",
@@ -38,19 +39,6 @@ prompt = 2
 output = 2
 """
 
-#: Figure 15 of the seed paper at I = 2, O = 2 (M = max(2I, I + O - 1) = 4, A100 preset): evicting pays
-FIG15 = """
-name = "fig15-tiny"
-[system]
-kv_capacity = 4
-max_batch_tokens = 64
-[cost]
-preset = "llama2-7b-a100"
-[[requests]]
-prompt = 2
-output = 2
-count = 2
-"""
 
 #: a late arrival, block size 2, P < C
 ONLINE = """

@@ -6,12 +6,11 @@ command needs them. An invalid schedule (plot, export, import) is exit status 1,
 """
 from __future__ import annotations
 
-import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
+from ..cli import positive
 from ..schedule import Schedule, ScheduleError
 
 
@@ -31,7 +30,7 @@ def register(sub) -> None:
     p.add_argument("--schedulers", default="all", help="all (default) or a comma list, e.g. vllm,sarathi:prefill_limit=256")
     p.add_argument("--solve", action="store_true", help="also solve for the optimum (row 'optimal') and its bound")
     p.add_argument("--objective", default="total_latency", choices=OBJECTIVES, help="the value gaps are measured on")
-    p.add_argument("--time-limit", type=_positive(float), default=60.0, help="solver seconds with --solve (default 60)")
+    p.add_argument("--time-limit", type=positive(float), default=60.0, help="solver seconds with --solve (default 60)")
     p.add_argument("--solver", default="highs", choices=BACKENDS)
     p.add_argument("--formulation", default="auto", choices=FORMULATIONS)
     p.add_argument("--plot", metavar="OUT.png", help="also draw a bar chart (.png, .svg or .pdf)")
@@ -58,7 +57,7 @@ def register(sub) -> None:
                    help="local: a process pool (default); ray: Ray tasks")
     p.add_argument("--address", help="with --backend ray: the cluster to join (e.g. auto or ray://host:10001); "
                                      "default: start a local Ray instance")
-    p.add_argument("--workers", type=_positive(int), help="parallel points (default: the CPU count)")
+    p.add_argument("--workers", type=positive(int), help="parallel points (default: the CPU count)")
     p.add_argument("--out", help="results folder (default: sweep-results/NAME)")
     p.set_defaults(func=cmd_sweep)
 
@@ -73,19 +72,6 @@ def register(sub) -> None:
     p.add_argument("--case", required=True)
     p.add_argument("--out", required=True, help="kvbound schedule JSON to write")
     p.set_defaults(func=cmd_import)
-
-
-def _positive(kind):
-    """An argparse type: a finite number > 0 (nan, inf, 0 and negatives are bad input, exit 2)."""
-    def parse(text: str):
-        try:
-            v = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
-        if not (math.isfinite(v) and v > 0):
-            raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
-        return v
-    return parse
 
 
 def _invalid(source: str, exc: ScheduleError) -> int:

@@ -20,7 +20,6 @@ import json
 import math
 import os
 import time
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,7 +27,7 @@ from ..costs import PRESETS
 from ..costs.presets import DEFAULT_PRESET
 from ..errors import InputError
 from ..formulation.bigm import OBJECTIVES
-from ..workload import Instance, Request, SystemConfig, _check_keys, load_case
+from ..workload import Instance, Request, SystemConfig, _check_keys, load_case, read_toml
 from .compare import METRIC_COLUMNS, compare, resolve_schedulers
 
 # grid keys in the order the product runs over them (the first varies slowest)
@@ -165,16 +164,7 @@ def point_key(instance: Instance, run: dict) -> str:
 
 def load_spec(path: str | Path) -> SweepSpec:
     path = Path(path)
-    source = str(path)
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise InputError(source, "", f"cannot read file: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise InputError(source, "", f"cannot read file: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise InputError(source, "", f"malformed TOML: {exc}") from None
-    return parse_spec(data, source, path.parent)
+    return parse_spec(read_toml(path), str(path), path.parent)
 
 
 def parse_spec(data: dict, source: str = "<spec>", base_dir: Path = Path(".")) -> SweepSpec:

@@ -5,18 +5,17 @@ extra, and these commands say how to install it when it is missing.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
-import tomllib
 from pathlib import Path
 
 import numpy as np
 
+from ..cli import positive
 from ..errors import InputError, KvboundError
 from ..schedule import Schedule, ScheduleError, validate
-from ..workload import load_case, parse_cost
+from ..workload import load_case, parse_cost, read_toml
 from .config import SHAPES
 
 #: reference data beside the repository (see ../shared/data/README.md), read by `calibrate`
@@ -28,7 +27,7 @@ def register(sub) -> None:
     p = sub.add_parser("profile", help="time a grid of batch compositions on the executor (CSV for calibrate)")
     _executor_options(p, shape_required=True)
     p.add_argument("--out", required=True, help="the profile CSV to write")
-    p.add_argument("--points", type=_positive_int, help="time only this many compositions of the grid (a seeded "
+    p.add_argument("--points", type=positive(int), help="time only this many compositions of the grid (a seeded "
                                                        "random subset)")
     p.set_defaults(func=cmd_profile)
 
@@ -52,26 +51,16 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_replay)
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
 def _executor_options(p, *, shape_required: bool) -> None:
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--shape", required=shape_required, metavar="NAME",
                    help=f"model shape: {', '.join(SHAPES)}" + ("" if shape_required else
                                                                " (default: tiny on cpu, llama-2-7b on cuda)"))
-    p.add_argument("--layers", type=_positive_int, help="decoder layers (default: the shape's own)")
-    p.add_argument("--repeat", type=_positive_int, default=5,
+    p.add_argument("--layers", type=positive(int), help="decoder layers (default: the shape's own)")
+    p.add_argument("--repeat", type=positive(int), default=5,
                    help="time the whole grid or schedule this many times; each batch's fastest run counts "
                         "(default 5)")
-    p.add_argument("--threads", type=_positive_int, default=1,
+    p.add_argument("--threads", type=positive(int), default=1,
                    help="CPU threads for torch (default 1: steady timings on a shared machine; use the same "
                         "number to profile and to replay)")
     p.add_argument("--seed", type=int, default=0, help="seed of the weights and token ids")
@@ -187,12 +176,7 @@ def _operator_points(path: Path) -> tuple[np.ndarray, np.ndarray]:
 
 def load_cost_file(path: str):
     """The [cost] table of a TOML file (a calibrate output or a case file)."""
-    try:
-        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise InputError(path, "", f"cannot read file: {exc.strerror or exc}") from None
-    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise InputError(path, "", f"malformed TOML: {exc}") from None
+    data = read_toml(path)
     if not isinstance(data.get("cost"), dict):
         raise InputError(path, "cost", "missing section [cost]")
     return parse_cost(path, data["cost"])

@@ -171,23 +171,24 @@ def own_time_lower_bound(instance: Instance, i: int, first_token: bool = False) 
         + cost.per_prefill_request
     if first_token:
         return prefill
-    alone = Instance((r,), instance.system, instance.cost)
-    return (math.ceil(r.prompt / P) + r.output - 1) * cost.intercept + minimum_work(alone)
+    return (math.ceil(r.prompt / P) + r.output - 1) * cost.intercept + request_minimum_work(r, cost)
 
 
 def minimum_work(instance: Instance) -> float:
     """A lower bound on the non-intercept cost of any complete schedule (docs/formulation.md)."""
-    cost = instance.cost
-    total = 0.0
-    for r in instance.requests:
-        total += cost.per_token * (r.prompt + r.output - 1)
-        total += cost.prefill_attention * r.prompt ** 2 + cost.per_prefill_request
-        for k in range(2, r.output + 1):
-            # token k, k >= 2: after token k - 1 the request holds m = I + k - 2 tokens. Either a decode
-            # generates it, or m tokens were evicted and are processed again (at least per_token m and
-            # chunks whose attention telescopes to m^2, one prefill-type chunk) besides the one token.
-            m = r.prompt + k - 2
-            total += min(cost.decode_kv * m, cost.per_token * m + cost.prefill_attention * m * m + cost.per_prefill_request)
+    return sum(request_minimum_work(r, instance.cost) for r in instance.requests)
+
+
+def request_minimum_work(r, cost) -> float:
+    """The least non-intercept batch time that request r adds to any complete schedule."""
+    total = cost.per_token * (r.prompt + r.output - 1)
+    total += cost.prefill_attention * r.prompt ** 2 + cost.per_prefill_request
+    for k in range(2, r.output + 1):
+        # token k, k >= 2: after token k - 1 the request holds m = I + k - 2 tokens. Either a decode
+        # generates it, or m tokens were evicted and are processed again (at least per_token m and
+        # chunks whose attention telescopes to m^2, one prefill-type chunk) besides the one token.
+        m = r.prompt + k - 2
+        total += min(cost.decode_kv * m, cost.per_token * m + cost.prefill_attention * m * m + cost.per_prefill_request)
     return total
 
 

@@ -17,12 +17,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..schedule import Batch, ReplayState, Schedule
+from ..schedule import ReplayState, Schedule
 from ..workload import Instance
-from .bigm import OBJECTIVES, Constraints, Formulation, ModelClock, TimeUnits, complete_schedule, stops_at_first_tokens
+from .bigm import Constraints, Formulation
 from .model import Model
-from .network import (BatchTerms, _add_sparse_rows, _model_batches, _state, add_clock, fill_counts, fill_hybrid_flags,
-                      finish_model, link_processing, request_classes, state_windows)
+from .network import (BatchTerms, _add_sparse_rows, _state, append_model_batch, assign_paths, build_state_network,
+                      finish_extraction, link_processing, request_classes, state_windows)
 
 # arc kinds
 IDLE, EVICT, EVICT_IDLE, REFILL, START, DECODE, CONTINUE, STOP, GENERATE = range(9)
@@ -57,6 +57,10 @@ class _ChainClass:
     n_intra: int
     arcs: _Arcs
     lookup: dict  # (kind, node) -> arc: node is the state for A-tailed arcs, the intra node otherwise
+
+    @property
+    def features(self) -> np.ndarray:
+        return self.arcs.features
 
     @property
     def n_states(self) -> int:
@@ -146,30 +150,8 @@ class ChainFormulation(Formulation):
 
 def build_chain(instance: Instance, objective: str = "total_latency", horizon: int = 8,
                 constraints: Constraints = Constraints(), tick: float | None = None) -> ChainFormulation:
-    if objective not in OBJECTIVES:
-        raise ValueError(f"objective must be one of {OBJECTIVES}")
-    if constraints.admission_order is not None:
-        raise ValueError("the chain formulation counts identical requests and cannot fix an admission order; use bigm")
-    s = instance.system
-    J = int(horizon)
-    units = TimeUnits.for_model(instance, tick)
-    coef = units.coefficients(instance.cost)
-    md = Model()
-    clock = add_clock(md, instance, J, units, tick is not None)
-    terms = BatchTerms(J)
-    free_end = stops_at_first_tokens(objective, constraints)
-    classes = []
-    for k, (I, O, a, ids) in enumerate(request_classes(instance)):
-        cl = _build_class(I, O, a, ids, s.block_size, s.max_batch_tokens, s.max_prefill_tokens, constraints)
-        _add_class(md, cl, k, J, free_end, clock, units, terms, coef)
-        classes.append(cl)
-    finish_model(md, instance, objective, constraints, clock, terms, coef, units, tick is not None)
-    form = ChainFormulation(instance, objective, J, constraints, md, tick, coef, units, name="chain")
-    form.classes = classes
-    form.terms = terms
-    form.info.update(md.size)
-    form.info["classes"] = len(classes)
-    return form
+    return build_state_network(instance, objective, horizon, constraints, tick, ChainFormulation, "chain",
+                               _build_class, _add_class)
 
 
 def _add_class(md: Model, cl: _ChainClass, k: int, J: int, free_end: bool, clock, units, terms: BatchTerms,
@@ -179,7 +161,6 @@ def _add_class(md: Model, cl: _ChainClass, k: int, J: int, free_end: bool, clock
     allowed = state_windows(n_of, cl.output, J, free_end, cl.index[(0, 0)])
     intra_level = cl.intra_level()
     is_a_tail, is_a_head = arcs.tail_type == A_NODE, arcs.head_type == A_NODE
-    leaves_state = is_a_tail  # every request leaves its state over exactly one arc per batch
     a_tail, a_head = np.where(is_a_tail, arcs.tail, 0), np.where(is_a_head, arcs.head, 0)
     v_tail, v_head = np.where(is_a_tail, 0, arcs.tail), np.where(is_a_head, 0, arcs.head)
     processing = np.isin(arcs.kind, (START, DECODE, REFILL))
@@ -202,9 +183,10 @@ def _add_class(md: Model, cl: _ChainClass, k: int, J: int, free_end: bool, clock
         heads.append(np.where(is_a_head[tids], (j + 1) * nS + arcs.head[tids], (J + 1) * nS + j * nV + arcs.head[tids]))
         cols_all.append(xv)
         src_n = arcs.level[tids]
+        leaves_state = is_a_tail[tids]  # every request leaves its state over exactly one arc per batch
         terms.add(j, xv, tokens=arcs.tokens[tids], prefill=arcs.prefill[tids], kv=arcs.kv[tids], cost=cost[tids],
                   processing=processing[tids], decode=arcs.kind[tids] == DECODE,
-                  unfinished=leaves_state[tids] & (src_n < cl.output), no_token=leaves_state[tids] & (src_n == 0))
+                  unfinished=leaves_state & (src_n < cl.output), no_token=leaves_state & (src_n == 0))
         z = link_processing(md, clock, units, j, nk, cl.arrival, xv[processing[tids]], f"z{k}_{j}")
         if z is not None:
             cl.z[j] = z
@@ -254,43 +236,7 @@ def _path(cl: _ChainClass, before: tuple[int, int], c: int, evicted: bool) -> li
 
 
 def _assignment(form: ChainFormulation, schedule: Schedule) -> np.ndarray:
-    inst = form.instance
-    groups = _model_batches(form, schedule)
-    x = np.zeros(form.model.n_cols)
-    st = ReplayState(inst)
-    B = form.model.blocks
-    clock = ModelClock(form)
-    for j in range(form.horizon):
-        group = groups[j] if j < len(groups) else []
-        before = [_state(st, i) for i in range(len(inst))]
-        evicted = set()
-        for b in group:
-            st.apply(b)
-            evicted.update(b.evict)
-        tokens = group[-1].tokens if group else {}
-        T, latest = 0.0, 0.0
-        for cl in form.classes:
-            tids, xv = cl.cols[j]
-            pos = {int(t): p for p, t in enumerate(tids)}
-            for i in cl.members:
-                c = tokens.get(i, 0)
-                for arc in _path(cl, before[i], c, i in evicted):
-                    if arc not in pos:
-                        raise ValueError(f"request {i} leaves the time window of the chain model at batch {j}")
-                    x[xv[pos[arc]]] += 1
-                    T += float(cl.arcs.features[arc] @ form.coef)
-                if c:
-                    latest = max(latest, inst.requests[i].arrival)
-                    if j in cl.z:
-                        x[cl.z[j]] = 1
-        T += form.coef[0] if tokens else 0.0
-        x[B["y"][j]] = bool(tokens)
-        clock.advance(x, j, T, bool(tokens), latest)
-    if "w" in B:
-        fill_hybrid_flags(form, x)
-    if "u" in B:
-        fill_counts(form, x)
-    return x
+    return assign_paths(form, schedule, lambda k, cl, before, after, c, evicted: _path(cl, before, c, evicted))
 
 
 def _extract(form: ChainFormulation, x: np.ndarray) -> Schedule | None:
@@ -330,16 +276,5 @@ def _extract(form: ChainFormulation, x: np.ndarray) -> Schedule | None:
                         refill.append(i)
                 elif was_evicted:
                     evict.append(i)
-        if refill:
-            bt = Batch({}, tuple(refill), None)
-            st.apply(bt)
-            batches.append(bt)
-        if not tokens and not evict:
-            continue
-        start = max(inst.requests[i].arrival for i in tokens) if online and tokens else None
-        bt = Batch(tokens, tuple(evict), start)
-        st.apply(bt)
-        batches.append(bt)
-    if st.unfinished:
-        return complete_schedule(inst, batches, form.constraints)
-    return Schedule(inst.requests, batches)
+        append_model_batch(st, batches, tokens, evict, refill, online)
+    return finish_extraction(form, st, batches)

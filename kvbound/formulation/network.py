@@ -293,6 +293,8 @@ def _add_capacity_cuts(md: Model, instance: Instance, terms: BatchTerms, y: np.n
     s = instance.system
     M = s.kv_capacity
     peaks = np.array([s.blocks(r.peak_kv) for r in instance.requests])
+    # a row the requests' peak KVs could never violate is left out
+    binding = [k for k in range(1, CAPACITY_CUTS + 1) if dual_feasible_weights(peaks, M, k).sum() > 1]
     for j in range(terms.J):
         if terms.tokens[j] and linked:
             cols = np.concatenate([c for c, _ in terms.tokens[j]])
@@ -304,9 +306,7 @@ def _add_capacity_cuts(md: Model, instance: Instance, terms: BatchTerms, y: np.n
         kv = np.concatenate([v for _, v in terms.kv[j]]).astype(np.int64)
         if linked:
             md.add_rows(1, [(cols[None, :], kv[None, :]), (y[j:j + 1], -float(M))], hi=0)
-        for k in range(1, CAPACITY_CUTS + 1):
-            if dual_feasible_weights(peaks, M, k).sum() <= 1:  # never binding
-                continue
+        for k in binding:
             w = _dff_numerators(kv, M, k)  # the row times k M
             keep = w > 0
             if not keep.any():
@@ -319,77 +319,90 @@ def _add_capacity_cuts(md: Model, instance: Instance, terms: BatchTerms, y: np.n
 
 def build_network(instance: Instance, objective: str = "total_latency", horizon: int = 8,
                   constraints: Constraints = Constraints(), tick: float | None = None) -> NetworkFormulation:
+    return build_state_network(instance, objective, horizon, constraints, tick, NetworkFormulation, "network",
+                               _build_class, _add_class)
+
+
+def build_state_network(instance: Instance, objective: str, horizon: int, constraints: Constraints,
+                        tick: float | None, form_cls, name: str, build_class, add_class):
+    """The frame every state-network model shares: clock, per-class flows (`build_class` makes a
+    class's template, `add_class` its variables and flow rows for every batch), batch rows, cuts
+    and the objective."""
     if objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {OBJECTIVES}")
     if constraints.admission_order is not None:
-        raise ValueError("the network formulation counts identical requests and cannot fix an admission order; use bigm")
-    sys_ = instance.system
+        raise ValueError(f"the {name} formulation counts identical requests and cannot fix an admission order; use bigm")
+    s = instance.system
     J = int(horizon)
-    C, P, b = sys_.max_batch_tokens, sys_.max_prefill_tokens, sys_.block_size
     units = TimeUnits.for_model(instance, tick)
     coef = units.coefficients(instance.cost)
     md = Model()
     clock = add_clock(md, instance, J, units, tick is not None)
     terms = BatchTerms(J)
-    classes = []
     free_end = stops_at_first_tokens(objective, constraints)
+    classes = []
     for k, (I, O, a, ids) in enumerate(request_classes(instance)):
-        cl = _build_class(I, O, a, ids, b, C, P, constraints)
-        nk = len(ids)
-        n_of = np.array([s[1] for s in cl.states])
-        n_states = len(cl.states)
-        allowed = state_windows(n_of, O, J, free_end, cl.index[(0, 0)])
-        cols_j = []
-        z_cols: dict[int, int] = {}
-        for j in range(J):
-            ok = allowed[j][cl.src] & allowed[j + 1][cl.dst]
-            tids = np.nonzero(ok)[0]
-            xv = md.add_vars(f"x{k}_{j}", len(tids), 0, nk, True)
-            cols_j.append((tids, xv))
-            if len(tids) == 0:
-                continue
-            src = cl.src[tids]
-            terms.add(j, xv, tokens=cl.tokens[tids], prefill=cl.prefill_tokens[tids], kv=cl.kv[tids],
-                      cost=cl.features[tids] @ coef, processing=cl.processing[tids], decode=cl.decode[tids],
-                      unfinished=src != n_states - 1, no_token=n_of[src] == 0)
-            z = link_processing(md, clock, units, j, nk, a, xv[cl.processing[tids]], f"z{k}_{j}")
-            if z is not None:
-                z_cols[j] = z
-        # flow conservation per state and batch boundary
-        for j in range(J + 1):
-            states = np.nonzero(allowed[j])[0]
-            rhs = np.zeros(n_states)
-            if j == 0:
-                rhs[cl.index[(0, 0)]] = nk
-            if j == J and not free_end:
-                rhs[n_states - 1] = nk
-            # row s: out-flow(s) - in-flow(s) = rhs[s] (initial) or -rhs (final in-flow)
-            row_of = {s: r for r, s in enumerate(states)}
-            rr, cc, vv = [], [], []
-            if j < J:
-                tids, xv = cols_j[j]
-                for col, s in zip(xv, cl.src[tids]):
-                    rr.append(row_of[s]); cc.append(col); vv.append(1.0)  # noqa: E702
-            if j > 0:
-                tids, xv = cols_j[j - 1]
-                for col, s in zip(xv, cl.dst[tids]):
-                    rr.append(row_of[s]); cc.append(col); vv.append(-1.0)  # noqa: E702
-            target = rhs[states] if j == 0 else (-rhs[states] if j == J else np.zeros(len(states)))
-            if j == J and free_end:  # whatever state after the first token: in-flow is free
-                continue
-            _add_sparse_rows(md, len(states), np.array(rr, dtype=np.int64), np.array(cc, dtype=np.int64),
-                             np.array(vv), target, target)
-        cl.cols = cols_j
-        cl.z = z_cols
+        cl = build_class(I, O, a, ids, s.block_size, s.max_batch_tokens, s.max_prefill_tokens, constraints)
+        add_class(md, cl, k, J, free_end, clock, units, terms, coef)
         classes.append(cl)
     finish_model(md, instance, objective, constraints, clock, terms, coef, units, tick is not None)
-
-    form = NetworkFormulation(instance, objective, J, constraints, md, tick, coef, units, name="network")
+    form = form_cls(instance, objective, J, constraints, md, tick, coef, units, name=name)
     form.classes = classes
     form.terms = terms
     form.info.update(md.size)
     form.info["classes"] = len(classes)
     return form
+
+
+def _add_class(md: Model, cl: _Class, k: int, J: int, free_end: bool, clock: Clock, units, terms: BatchTerms,
+               coef: np.ndarray) -> None:
+    """Class k's transition variables of every batch, their terms and the flow conservation rows."""
+    O, a, nk = cl.output, cl.arrival, len(cl.members)
+    n_of = np.array([s[1] for s in cl.states])
+    n_states = len(cl.states)
+    allowed = state_windows(n_of, O, J, free_end, cl.index[(0, 0)])
+    cols_j = []
+    z_cols: dict[int, int] = {}
+    for j in range(J):
+        ok = allowed[j][cl.src] & allowed[j + 1][cl.dst]
+        tids = np.nonzero(ok)[0]
+        xv = md.add_vars(f"x{k}_{j}", len(tids), 0, nk, True)
+        cols_j.append((tids, xv))
+        if len(tids) == 0:
+            continue
+        src = cl.src[tids]
+        terms.add(j, xv, tokens=cl.tokens[tids], prefill=cl.prefill_tokens[tids], kv=cl.kv[tids],
+                  cost=cl.features[tids] @ coef, processing=cl.processing[tids], decode=cl.decode[tids],
+                  unfinished=src != n_states - 1, no_token=n_of[src] == 0)
+        z = link_processing(md, clock, units, j, nk, a, xv[cl.processing[tids]], f"z{k}_{j}")
+        if z is not None:
+            z_cols[j] = z
+    # flow conservation per state and batch boundary
+    for j in range(J + 1):
+        states = np.nonzero(allowed[j])[0]
+        rhs = np.zeros(n_states)
+        if j == 0:
+            rhs[cl.index[(0, 0)]] = nk
+        if j == J and not free_end:
+            rhs[n_states - 1] = nk
+        # row s: out-flow(s) - in-flow(s) = rhs[s] (initial) or -rhs (final in-flow)
+        row_of = {s: r for r, s in enumerate(states)}
+        rr, cc, vv = [], [], []
+        if j < J:
+            tids, xv = cols_j[j]
+            for col, s in zip(xv, cl.src[tids]):
+                rr.append(row_of[s]); cc.append(col); vv.append(1.0)  # noqa: E702
+        if j > 0:
+            tids, xv = cols_j[j - 1]
+            for col, s in zip(xv, cl.dst[tids]):
+                rr.append(row_of[s]); cc.append(col); vv.append(-1.0)  # noqa: E702
+        target = rhs[states] if j == 0 else (-rhs[states] if j == J else np.zeros(len(states)))
+        if j == J and free_end:  # whatever state after the first token: in-flow is free
+            continue
+        _add_sparse_rows(md, len(states), np.array(rr, dtype=np.int64), np.array(cc, dtype=np.int64),
+                         np.array(vv), target, target)
+    cl.cols = cols_j
+    cl.z = z_cols
 
 
 def _add_sparse_rows(md: Model, count: int, rr, cc, vv, lo, hi) -> None:
@@ -426,17 +439,27 @@ def _state(st: ReplayState, i: int) -> tuple[int, int]:
 
 
 def _assignment(form: NetworkFormulation, schedule: Schedule) -> np.ndarray:
-    inst = form.instance
-    groups = _model_batches(form, schedule)
-    x = np.zeros(form.model.n_cols)
-    st = ReplayState(inst)
     lookup = []
     for cl in form.classes:
         table = {}
         for tid in range(len(cl.src)):
             table.setdefault((int(cl.src[tid]), int(cl.dst[tid]), int(cl.tokens[tid]), bool(cl.evict[tid])), tid)
         lookup.append(table)
-    coef = form.coef
+
+    def transition(k, cl, before, after, c, evicted):
+        return [lookup[k][(cl.index[before], cl.index[after], c, evicted)]]
+
+    return assign_paths(form, schedule, transition)
+
+
+def assign_paths(form, schedule: Schedule, arcs_of) -> np.ndarray:
+    """The warm start of a state-network model (`network`, `chain`): per model batch and request,
+    `arcs_of(k, cl, before, after, c, evicted)` names the template arcs the request takes in
+    class k; the arc flows, batch times, clock and the shared auxiliaries follow."""
+    inst = form.instance
+    groups = _model_batches(form, schedule)
+    x = np.zeros(form.model.n_cols)
+    st = ReplayState(inst)
     B = form.model.blocks
     clock = ModelClock(form)
     for j in range(form.horizon):
@@ -446,29 +469,25 @@ def _assignment(form: NetworkFormulation, schedule: Schedule) -> np.ndarray:
         for b in group:
             st.apply(b)
             evicted.update(b.evict)
-        bt = Batch(group[-1].tokens if group else {}, tuple(evicted), None)
-        T = 0.0
-        any_c = bool(bt.tokens)
-        latest = 0.0
+        tokens = group[-1].tokens if group else {}
+        T, latest = 0.0, 0.0
         for k, cl in enumerate(form.classes):
             tids, xv = cl.cols[j]
             pos = {int(t): p for p, t in enumerate(tids)}
             for i in cl.members:
-                src = cl.index[before[i]]
-                dst = cl.index[_state(st, i)]
-                c = bt.tokens.get(i, 0)
-                tid = lookup[k][(src, dst, c, i in bt.evict)]
-                if tid not in pos:
-                    raise ValueError(f"request {i} leaves the time window of the network model at batch {j}")
-                x[xv[pos[tid]]] += 1
-                if c and j in cl.z:
-                    x[cl.z[j]] = 1
-                T += float(cl.features[tid] @ coef)
+                c = tokens.get(i, 0)
+                for arc in arcs_of(k, cl, before[i], _state(st, i), c, i in evicted):
+                    if arc not in pos:
+                        raise ValueError(f"request {i} leaves the time window of the {form.name} model at batch {j}")
+                    x[xv[pos[arc]]] += 1
+                    T += float(cl.features[arc] @ form.coef)
                 if c:
                     latest = max(latest, inst.requests[i].arrival)
-        T += coef[0] if any_c else 0.0
-        x[B["y"][j]] = any_c
-        clock.advance(x, j, T, any_c, latest)
+                    if j in cl.z:
+                        x[cl.z[j]] = 1
+        T += form.coef[0] if tokens else 0.0
+        x[B["y"][j]] = bool(tokens)
+        clock.advance(x, j, T, bool(tokens), latest)
     if "w" in B:
         fill_hybrid_flags(form, x)
     if "u" in B:
@@ -523,16 +542,29 @@ def _extract(form: NetworkFormulation, x: np.ndarray) -> Schedule:
                         refill.append(i)
                 elif cl.evict[t]:
                     evict.append(i)
-        if refill:
-            bt = Batch({}, tuple(refill), None)
-            st.apply(bt)
-            batches.append(bt)
-        if not tokens and not evict:
-            continue
-        start = max(inst.requests[i].arrival for i in tokens) if online and tokens else None
-        bt = Batch(tokens, tuple(evict), start)
+        append_model_batch(st, batches, tokens, evict, refill, online)
+    return finish_extraction(form, st, batches)
+
+
+def append_model_batch(st: ReplayState, batches: list[Batch], tokens: dict, evict: list, refill: list,
+                       online: bool) -> None:
+    """One model batch of a state network as schedule batches: the requests it refills from 0 are
+    evicted in a batch of their own first (no time); with arrivals the batch starts after those it
+    processes."""
+    if refill:
+        bt = Batch({}, tuple(refill), None)
         st.apply(bt)
         batches.append(bt)
+    if not tokens and not evict:
+        return
+    start = max(st.arrival[i] for i in tokens) if online and tokens else None
+    bt = Batch(tokens, tuple(evict), start)
+    st.apply(bt)
+    batches.append(bt)
+
+
+def finish_extraction(form, st: ReplayState, batches: list[Batch]) -> Schedule | None:
+    """The extracted schedule, completed after a first-token prefix (None if that is impossible)."""
     if st.unfinished:
-        return complete_schedule(inst, batches, form.constraints)
-    return Schedule(inst.requests, batches)
+        return complete_schedule(form.instance, batches, form.constraints)
+    return Schedule(form.instance.requests, batches)

@@ -29,9 +29,10 @@ FORMULATIONS = ("auto", "chain", "network", "bigm")
 BUILDERS = {"chain": build_chain, "network": build_network, "bigm": build_bigm}
 #: state networks fold evict-only batches into the next batch (docs/formulation.md)
 STATE_NETWORKS = ("chain", "network")
-#: "auto" picks the chain model while it stays this small (arc variables), else bigm
-CHAIN_LIMIT = 1_500_000
 REL_TOL = 1e-6
+#: larger models are not built (memory on a 24 GiB machine); `solve` then reports the best heuristic
+#: schedule with the analytic bounds, and "auto" picks the chain model only below it
+MODEL_LIMIT = 1_500_000
 
 
 @dataclass
@@ -175,7 +176,7 @@ def solve(instance: Instance, objective: str = "total_latency", backend: str = "
     if formulation == "auto":
         # size the chain model with the horizon it would get (bigm's is at most twice that)
         j_net = horizon or (horizon_for(instance, objective, ub, not constraints.no_evict, True)[0] if ub is not None else 64)
-        small = chain_size(instance, j_net) <= CHAIN_LIMIT
+        small = chain_size(instance, j_net) <= MODEL_LIMIT
         formulation = "chain" if small and constraints.admission_order is None else "bigm"
     if ub is not None:
         j_cert, certified, why = horizon_for(instance, objective, ub, allow_evict=not constraints.no_evict,
@@ -270,11 +271,6 @@ def solve(instance: Instance, objective: str = "total_latency", backend: str = "
     return Result(status, objective, value, lower, certified, gap, backend, formulation,
                   time.perf_counter() - t_start, chosen.schedule if chosen else None,
                   chosen.metrics if chosen else None, chosen.name if chosen else "", stats)
-
-
-#: larger models are not built (memory on a 24 GiB machine); `solve` then reports the best heuristic
-#: schedule with the analytic bounds
-MODEL_LIMIT = 1_500_000
 
 
 def model_size(instance: Instance, formulation: str, horizon: int) -> int:

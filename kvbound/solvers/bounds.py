@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..formulation.bigm import minimum_work, own_time_lower_bound
+from ..formulation.bigm import minimum_work, own_time_lower_bound, request_minimum_work
 from ..workload import Instance
 
 
@@ -90,7 +90,7 @@ def completion_order_bounds(instance: Instance, first_token: bool = False, steps
         area = np.array([sum(s.blocks(r.prompt + q - 1) for q in range(1, r.output + 1)) for r in reqs], dtype=float)
         tokens = np.array([r.peak_kv for r in reqs], dtype=float)
         capacity_tokens = s.max_batch_tokens
-        work = np.array([minimum_work(Instance((r,), s, cost)) for r in reqs])
+        work = np.array([request_minimum_work(r, cost) for r in reqs])
     best = np.sort(instance.arrivals + np.array([own_time_lower_bound(instance, i, first_token) for i in range(len(reqs))]))
     for lam in np.linspace(0.0, 1.0, steps):
         share = cost.intercept * (lam * area / s.kv_capacity + (1 - lam) * tokens / capacity_tokens) + work

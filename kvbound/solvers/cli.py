@@ -1,11 +1,11 @@
 """`kvbound solve`, `kvbound bound` and `kvbound prove`."""
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
 
+from ..cli import positive
 from ..errors import InputError
 from ..formulation.bigm import OBJECTIVES, Constraints
 from ..schedule import write_json_atomic
@@ -28,8 +28,8 @@ def register(sub) -> None:
     p.add_argument("--no-evict", action="store_true", help="forbid evictions")
     p.add_argument("--no-chunk", action="store_true", help="forbid chunked prefill")
     p.add_argument("--no-hybrid", action="store_true", help="forbid batches mixing prefill- and decode-type requests")
-    p.add_argument("--max-batch-size", type=_positive(int), help="at most this many requests per batch")
-    p.add_argument("--horizon", type=_positive(int), help="batch horizon J (default: derived so that the bound is certified)")
+    p.add_argument("--max-batch-size", type=positive(int), help="at most this many requests per batch")
+    p.add_argument("--horizon", type=positive(int), help="batch horizon J (default: derived so that the bound is certified)")
     p.add_argument("--export", help="also write the model as MPS or LP (by suffix) for other solvers")
     p.add_argument("--out", help="write the best schedule JSON here")
     p.add_argument("--verbose", action="store_true", help="show the solver log")
@@ -59,21 +59,8 @@ def register(sub) -> None:
 def _common(p) -> None:
     p.add_argument("case")
     p.add_argument("--objective", default="total_latency", choices=OBJECTIVES)
-    p.add_argument("--time-limit", type=_positive(float), default=60.0, help="seconds (default 60)")
+    p.add_argument("--time-limit", type=positive(float), default=60.0, help="seconds (default 60)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-
-
-def _positive(kind):
-    """An argparse type: a finite number > 0 (so nan, inf, 0 and negatives are bad input)."""
-    def parse(text: str):
-        try:
-            v = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if not (math.isfinite(v) and v > 0):
-            raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
-        return v
-    return parse
 
 
 def _warm(text: str):
