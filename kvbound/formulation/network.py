@@ -227,22 +227,29 @@ def finish_model(md: Model, instance: Instance, objective: str, constraints: Con
     if objective == "total_latency":
         obj_terms, offset = delta, 0.0
     else:
-        # sum over batches of Delta_j times the number U_j of requests not finished (no first token) before j;
-        # U_j = sum_b 2^b u_jb in binary, q_jb >= Delta_j - Dmax (1 - u_jb) is exact at integer points
-        dmax = units.up(clock.T_max + clock.idle_max)
+        # sum over batches of Delta_j times the number U_j of requests not finished (no first token) before j.
+        # A batch some request still needs is used (y_j = 1), so the intercept part of Delta_j U_j is
+        # k0 U_j, linear; only the rest R_j = Delta_j - k0 y_j multiplies U_j through a Big-M:
+        # U_j = sum_b 2^b u_jb in binary, q_jb >= R_j - Rmax (1 - u_jb), exact at integer points.
+        # For mean_latency sum_b 2^b q_jb >= R_j holds too (a batch that processes has U_j >= 1).
+        rmax = units.up(clock.T_max + clock.idle_max) - coef[0]
         bits = max(1, int(math.ceil(math.log2(N + 1))))
         pw = 2.0 ** np.arange(bits)
         u = md.binary("u", (J, bits))
-        q = md.add_vars("q", (J, bits), 0, dmax, integral)
+        q = md.add_vars("q", (J, bits), 0, rmax, integral)
         source = terms.unfinished if objective == "mean_latency" else terms.no_token
         for j in range(J):
             batch_row(j, source[j], extra=[(u[j][None, :], -pw[None, :])], lo=0, hi=0)
-        md.add_rows((J, bits), [(q, 1), (T[:, None], -1), (u, -dmax)] + ([(idle[:, None], -1)] if idle is not None else []),
-                    lo=-dmax)
+        minus_rest = [(T, -1), (y, coef[0])] + ([(idle, -1)] if idle is not None else [])
+        md.add_rows((J, bits), [(q, 1), (u, -rmax)] + [(c[:, None], v) for c, v in minus_rest], lo=-rmax)
+        if objective == "mean_latency":  # with mean_ttft, batches after the last first token have U_j = 0
+            md.add_rows(J, [(q, pw[None, :])] + minus_rest, lo=0)
+        weights = np.broadcast_to(pw[None, :], (J, bits))
         if not integral:
-            obj_terms, offset = [(q, pw[None, :] / N)], -float(sum(map(units.down, A))) / N
+            obj_terms = [(q, weights / N), (u, coef[0] * weights / N)]
+            offset = -float(sum(map(units.down, A))) / N
         else:
-            obj_terms, offset = [(q, pw[None, :])], -float(sum(units.up(a) for a in A))
+            obj_terms, offset = [(q, weights), (u, coef[0] * weights)], -float(sum(units.up(a) for a in A))
     md.set_objective(obj_terms, offset)
     if constraints.objective_cap is not None:
         cap = constraints.objective_cap * units.objective_scale(objective, N)
@@ -502,17 +509,18 @@ def fill_hybrid_flags(form, x) -> None:
 
 
 def fill_counts(form, x) -> None:
-    """The binary counts u and products q of a warm start (mean objectives)."""
+    """The binary counts u and products q of a warm start (mean objectives; q carries the batch time
+    and idle beyond the intercept)."""
     B = form.blocks
     bits = B["u"].shape[1]
-    delta = x[B["T"]] + (x[B["idle"]] if "idle" in B else 0.0)
+    rest = x[B["T"]] - form.coef[0] * x[B["y"]] + (x[B["idle"]] if "idle" in B else 0.0)
     source = "unfinished" if form.objective == "mean_latency" else "no_token"
     for j in range(form.horizon):
         count = int(round(form.terms.value(source, j, x)))
         for bit in range(bits):
             on = (count >> bit) & 1
             x[B["u"][j, bit]] = on
-            x[B["q"][j, bit]] = delta[j] if on else 0.0
+            x[B["q"][j, bit]] = rest[j] if on else 0.0
 
 
 def _extract(form: NetworkFormulation, x: np.ndarray) -> Schedule:

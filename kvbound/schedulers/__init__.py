@@ -36,6 +36,14 @@ _UNIFIED: dict[str, tuple[UnifiedParams, str]] = {
     "evict-short": (U(priority="decode", hybrid=True, chunked=True, prefill_limit=512,
                       decode_order="longest-first", victim="shortest"),
                     "Sarathi grouping, running decodes with more cached tokens first, evicts the shortest when memory is short (Section 6)"),
+    "mcsf-pc": (U(priority="decode", hybrid=True, chunked=True, reserve="future", admit_order="output"),
+                "MC-SF with chunked prefill: decodes first, then admits shortest output first while the running set's "
+                "projected KV fits in M at every future batch; P = C (hypothetical: knows O)"),
+    "sarathi-pc-mc": (U(priority="decode", hybrid=True, chunked=True, reserve="future"),
+                      "Sarathi-PC with MC-SF's admission test: first come first served while the running set's "
+                      "projected KV fits in M at every future batch (hypothetical: knows O)"),
+    "sjf-mc": (U(priority="decode", hybrid=True, chunked=True, reserve="future", admit_order="work"),
+               "shortest job (I + O) first with MC-SF's admission test; decodes first, chunked, P = C (hypothetical: knows O)"),
 }
 for _base in ("vllm", "vllm-hy", "sarathi", "sarathi-pc", "sarathi-nocp", "sarathi-nohy"):
     _params, _desc = _UNIFIED[_base]
@@ -53,7 +61,8 @@ SCHEDULERS: dict[str, str] = {name: desc for name, (_, desc) in _UNIFIED.items()
 SCHEDULERS.update({name: desc for name, (_, desc) in _OTHER.items()})
 
 #: the fast heuristics a solver warm-starts from by default (each is cheap on small cases)
-FAST_HEURISTICS = ("vllm", "vllm-ef", "sarathi-pc", "sarathi-pc-ef", "sarathi", "sarathi-ef", "rank-i", "evict-short", "mcsf")
+FAST_HEURISTICS = ("vllm", "vllm-ef", "sarathi-pc", "sarathi-pc-ef", "sarathi", "sarathi-ef", "rank-i", "evict-short", "mcsf",
+                   "mcsf-pc", "sarathi-pc-mc", "sjf-mc")
 
 
 def _parse_value(spec: str, key: str, text: str, kind):

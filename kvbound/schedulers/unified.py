@@ -10,12 +10,16 @@ when none is left); a waiting candidate short of memory or budget stops admissio
 Memory is accounted in reservations (`Policy.reserved`): a request admitted from the
 waiting queue reserves its whole sequence S (or I + O - 1 for eviction-free variants),
 a decode grows its reservation by one token. Actual KV never exceeds the reservations,
-so every batch respects M.
+so every batch respects M. With `reserve="future"` a waiting request is admitted only while
+MC-SF's projection of the running set's KV (each request one token a batch until its last)
+fits in M at every future batch (`_future_fits`).
 """
 from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, replace
+
+import numpy as np
 
 from ..schedule import Batch, ReplayState
 from ..workload import Instance
@@ -31,7 +35,8 @@ class UnifiedParams:
     chunked: bool = True  # prefill chunks smaller than the remaining tokens
     prefill_limit: int | None = None  # the policy's P; None: the system's P (min of both applies)
     victim: str = "lowest-priority"  # or "shortest": the running request with the fewest cached tokens
-    reserve: str = "incremental"  # or "peak": reserve I + O - 1 at admission (eviction-free)
+    reserve: str = "incremental"  # or "peak": reserve I + O - 1 at admission (eviction-free); "future": _future_fits
+    admit_order: str = "arrival"  # with priority prefill/decode, waiting requests by: arrival; output (O); work (I + O)
     decode_order: str = "arrival"  # or "longest-first": running decodes with larger m first (evict-short)
 
     def __post_init__(self):
@@ -41,8 +46,10 @@ class UnifiedParams:
             raise ValueError(f"prefill_limit must be >= 1 (or none: the system's P), got {self.prefill_limit}")
         if self.victim not in ("lowest-priority", "shortest"):
             raise ValueError("victim must be lowest-priority or shortest")
-        if self.reserve not in ("incremental", "peak"):
-            raise ValueError("reserve must be incremental or peak")
+        if self.reserve not in ("incremental", "peak", "future"):
+            raise ValueError("reserve must be incremental, peak or future")
+        if self.admit_order not in ("arrival", "output", "work"):
+            raise ValueError("admit_order must be arrival, output or work")
         if self.decode_order not in ("arrival", "longest-first"):
             raise ValueError("decode_order must be arrival or longest-first")
 
@@ -83,6 +90,10 @@ class UnifiedScheduler(Policy):
             self._rank = [(r.prompt, r.arrival) for r in reqs]
         elif pr == "rank-o":
             self._rank = [(r.output, r.arrival) for r in reqs]
+        elif self.params.admit_order == "output":
+            self._rank = [(0, r.output, r.arrival) for r in reqs]
+        elif self.params.admit_order == "work":
+            self._rank = [(0, r.prompt + r.output, r.arrival) for r in reqs]
         else:
             self._rank = [(0, r.arrival) for r in reqs]
         self._peak = [r.peak_kv for r in reqs]
@@ -165,6 +176,9 @@ class UnifiedScheduler(Policy):
             else:
                 new_res = self._peak[i] if peak_reserve else S
                 extra = blocks(new_res)
+            if not running and p.reserve == "future" and not self._future_fits(st, tokens, gone, i, c, C - len(tokens)):
+                admit_open = False
+                continue
             if self.kv_reserved + extra > M:
                 if not running:
                     admit_open = False
@@ -198,6 +212,35 @@ class UnifiedScheduler(Policy):
             drop = set(admitted)
             self.waiting = [w for w in self.waiting if w[1] not in drop]
         return Batch(tokens, tuple(evicted))
+
+    def _future_fits(self, st: ReplayState, tokens: dict, gone: set, new: int, c: int, budget: int) -> bool:
+        """MC-SF's admission test with chunked prefill: with `new` admitted (chunk c now), does the
+        KV of every running request stay within M at each future batch? A request with S = I + n
+        tokens to cache and a prefill left is taken to hold S from now until its prefill ends, d
+        batches from now (the rest of its prompt at `budget` tokens a batch), and one more token each
+        batch after that until its last token. Reservations still guard the current batch; a
+        prefill that ends later than projected can still force an eviction."""
+        m, n, prompt, out = st.m, st.n, st.prompt, st.output
+        ids = [x for x in self.reserved if x not in gone] + [new]
+        S = np.array([prompt[x] + n[x] for x in ids])
+        cached = np.array([m[x] for x in ids])
+        now = np.array([tokens.get(x, 0) for x in ids])
+        now[-1] = c
+        rem = S - cached
+        decode = (np.array([n[x] for x in ids]) >= 1) & (rem == 1)
+        budget = max(1, budget)
+        d = np.where(rem <= now, 1, 1 + -(-(rem - now) // budget))
+        left = np.array([out[x] - n[x] for x in ids])  # tokens still to generate
+        # a prefill's batch d - 1 generates the next token and holds S; batch t >= d holds S + t - d + 1.
+        # A decode holds m + 1 + t: the same with S = m, d = 0, but its next token comes in batch 0.
+        last = np.where(decode, left - 1, d + left - 2)
+        S = np.where(decode, cached, S)
+        d = np.where(decode, 0, d)
+        ts = np.unique(last)
+        kv = S[None, :] + np.maximum(0, ts[:, None] - d[None, :] + 1)
+        if self.b > 1:
+            kv = -(-kv // self.b) * self.b
+        return bool((np.where(last[None, :] >= ts[:, None], kv, 0).sum(axis=1) <= self.M).all())
 
     def _victim(self, run_order, k, tail, gone, m):
         """The lowest-priority running request after position k that is still running, or None."""
