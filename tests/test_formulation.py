@@ -30,7 +30,7 @@ from kvbound.formulation.network import build_network
 from kvbound.schedule import ReplayState
 from kvbound.schedulers import SCHEDULERS, run_scheduler
 from kvbound.solvers.api import _tick_for, objective_value, satisfies
-from kvbound.solvers.bounds import analytic_bounds, lp_bound, min_batches
+from kvbound.solvers.bounds import analytic_bounds, dff_batches, lp_bound, min_batches
 from tests.oracle import brute_force
 
 #: cost models: round decimals; all six terms (dyadic); every batch 1 s; the shipped A100 preset;
@@ -380,3 +380,15 @@ def test_lp_relaxation_never_exceeds_the_brute_force_optimum(inst, objective):
     assert b.certified
     assert math.isfinite(b.value)
     assert b.value <= opt.value * (1 + 1e-7) + 1e-9, (b, opt.value)
+
+
+@pytest.mark.parametrize("I", [3, 8, 64])
+def test_dual_feasible_batch_count_on_the_figure_15_family(I):
+    # 4 requests, O = 4, M = 2I: each first token is generated with I = M/2 cached (weight 1/2 under
+    # u^(1)), each later token with more than M/2 (weight 1: no two share a batch), so 4/2 + 4 x 3 = 14
+    # batches, where the KV area gives only ceil(4 (4I + 6) / 2I)
+    inst = Instance(tuple(Request(I, 4) for _ in range(4)), SystemConfig(2 * I, 64), CostModel(intercept=1.0, per_token=0.1))
+    area = math.ceil(4 * (4 * I + 6) / (2 * I))
+    assert area < 14 and dff_batches(inst) == 14 == min_batches(inst)
+    for name in ("sarathi", "evict-short", "rank-i", "mcsf-pc"):
+        assert validate(inst, run_scheduler(inst, name).schedule).metrics.batches >= 14

@@ -5,6 +5,9 @@ Analytic bounds (docs/formulation.md, "Bounds"):
   sum(I + O - 1) / C batches, all prefill-type tokens (at least the prompts) sum(I) / P,
   and the KV-time area: the batch generating token k of request i holds I + k - 1 KV
   tokens, so the sum of KV over batches is at least sum_i (O I + O (O - 1) / 2) <= M x batches.
+  The same items mapped through Fekete and Schepers' dual-feasible functions u^(k) (whatever
+  fits in one batch weighs at most 1) count batches where the area cannot: at most three
+  requests holding more than M / 4 share a batch, and so on.
 * work: `minimum_work` (per-token, first-prefill attention, and per generated token the
   cheaper of a decode or a refill).
 * per-request: request i alone needs O_i batches after its arrival, and its own work.
@@ -18,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..formulation.bigm import minimum_work, own_time_lower_bound, request_minimum_work
+from ..formulation.network import dual_feasible_weights
 from ..workload import Instance
 
 
@@ -42,7 +46,21 @@ def min_batches(instance: Instance) -> int:
     by_prefill = math.ceil(sum(r.prompt for r in reqs) / s.max_prefill_tokens)
     area = sum(r.output * r.prompt + r.output * (r.output - 1) // 2 for r in reqs)
     by_area = math.ceil(area / s.kv_capacity)
-    return max(by_output, by_tokens, by_prefill, by_area)
+    return max(by_output, by_tokens, by_prefill, by_area, dff_batches(instance))
+
+
+#: the dual-feasible functions u^(k) tried, k = 1 .. this many
+DFF_FUNCTIONS = 64
+
+
+def dff_batches(instance: Instance) -> int:
+    """Batches needed by the KV items (block-rounded I + q - 1 for the batch that generates token q
+    of each request; one item per request and batch): max over k of sum u^(k)(item / M), rounded up."""
+    s = instance.system
+    items = np.concatenate([np.array([s.blocks(r.prompt + q - 1) for q in range(1, r.output + 1)], dtype=np.int64)
+                            for r in instance.requests])
+    best = max(dual_feasible_weights(items, s.kv_capacity, k).sum() for k in range(1, DFF_FUNCTIONS + 1))
+    return math.ceil(best - 1e-9)
 
 
 def analytic_bounds(instance: Instance, objective: str) -> list[Bound]:
@@ -73,7 +91,8 @@ def completion_order_bounds(instance: Instance, first_token: bool = False, steps
     The k requests done first, a set S, have together used the KV capacity for their whole area
     (the batch that generates token q of request i holds I + q - 1 KV tokens) and the token budget
     for their tokens, so at least max(area(S) / M, tokens(S) / C) batches ran, each paying the
-    intercept, plus the minimal work of every request in S. For every lambda in [0, 1],
+    intercept, plus the minimal work of every request in S; the area share may be replaced by the
+    dual-feasible weights of the same KV items (`dff_batches`). For every lambda in [0, 1],
     lambda area / M + (1 - lambda) tokens / C is below that maximum and linear in S, so its smallest
     value over k-sets is the sum of the k smallest per-request values. The k-th smallest of the
     per-request bounds (arrival + own minimal time) is a bound too; the larger one counts.
@@ -92,9 +111,16 @@ def completion_order_bounds(instance: Instance, first_token: bool = False, steps
         capacity_tokens = s.max_batch_tokens
         work = np.array([request_minimum_work(r, cost) for r in reqs])
     best = np.sort(instance.arrivals + np.array([own_time_lower_bound(instance, i, first_token) for i in range(len(reqs))]))
-    for lam in np.linspace(0.0, 1.0, steps):
-        share = cost.intercept * (lam * area / s.kv_capacity + (1 - lam) * tokens / capacity_tokens) + work
-        best = np.maximum(best, np.cumsum(np.sort(share)))
+    # a request's share of the KV capacity: its area / M, or the dual-feasible weights of its items
+    items = [np.array([s.blocks(r.prompt + q - 1) for q in range(1, (1 if first_token else r.output) + 1)])
+             for r in reqs]
+    flat, owner = np.concatenate(items), np.repeat(np.arange(len(reqs)), [len(x) for x in items])
+    kv_shares = [area / s.kv_capacity] + [np.bincount(owner, dual_feasible_weights(flat, s.kv_capacity, k), len(reqs))
+                                          for k in range(1, DFF_FUNCTIONS + 1)]
+    for kv_share in kv_shares:
+        for lam in np.linspace(0.0, 1.0, steps):
+            share = cost.intercept * (lam * kv_share + (1 - lam) * tokens / capacity_tokens) + work
+            best = np.maximum(best, np.cumsum(np.sort(share)))
     return best
 
 
