@@ -180,7 +180,10 @@ def _search(problem: _Problem, objective: str, heuristic: bool, dominance: bool)
     counter = itertools.count()
     state = tuple((0, 0) for _ in range(problem.k))
     root = _Node(_bound(problem, objective, state, 0.0, 0.0, heuristic), 0.0, 0.0, state, None, None)
-    heap = [(root.f, 0.0, next(counter), root)]  # ties: the later clock (nearer the end) first
+    # ties: the later clock (nearer the end) first; without dominance the earlier clock, since
+    # after the last first token mean_ttft's f is flat and evict/refill loops would go on forever
+    tie = -1.0 if dominance else 1.0
+    heap = [(root.f, 0.0, next(counter), root)]
     labels: dict = {}  # (m, n) -> [(t, fixed)] expanded
     closed: set = set()
     while heap:
@@ -208,7 +211,7 @@ def _search(problem: _Problem, objective: str, heuristic: bool, dominance: bool)
                 fixed = node.fixed + _events(problem, objective, node.state, after, end)
                 f = _bound(problem, objective, after, end, fixed, heuristic)
                 child = _Node(f, end, fixed, after, node, (start if start > node.t else None, tokens, evict))
-                heapq.heappush(heap, (f, -end, next(counter), child))
+                heapq.heappush(heap, (f, tie * end, next(counter), child))
     raise AssertionError("no schedule finishes this instance (the case validation should have refused it)")
 
 

@@ -95,7 +95,8 @@ def completion_order_bounds(instance: Instance, first_token: bool = False, steps
     dual-feasible weights of the same KV items (`dff_batches`). For every lambda in [0, 1],
     lambda area / M + (1 - lambda) tokens / C is below that maximum and linear in S, so its smallest
     value over k-sets is the sum of the k smallest per-request values. The k-th smallest of the
-    per-request bounds (arrival + own minimal time) is a bound too; the larger one counts.
+    per-request bounds (arrival + own minimal time) is a bound too, and so is the batch count of
+    the longest of the k requests run alone plus their work; the largest one counts.
     """
     s, cost = instance.system, instance.cost
     reqs = instance.requests
@@ -121,7 +122,15 @@ def completion_order_bounds(instance: Instance, first_token: bool = False, steps
         for lam in np.linspace(0.0, 1.0, steps):
             share = cost.intercept * (lam * kv_share + (1 - lam) * tokens / capacity_tokens) + work
             best = np.maximum(best, np.cumsum(np.sort(share)))
-    return best
+    # the k requests done first have also run, between them, as many batches as the longest of them
+    # needs alone (b_i): at least min over B of k0 B + the k smallest works among requests with b_i <= B
+    P = min(s.max_prefill_tokens, s.max_batch_tokens)
+    alone = np.array([math.ceil(r.prompt / P) + (0 if first_token else r.output - 1) for r in reqs])
+    by_length = np.full(len(reqs), np.inf)
+    for B in np.unique(alone):
+        sums = np.cumsum(np.sort(work[alone <= B]))
+        by_length[:len(sums)] = np.minimum(by_length[:len(sums)], cost.intercept * B + sums)
+    return np.maximum(best, by_length)
 
 
 def lp_bound(instance: Instance, objective: str, upper_bound: float, time_limit: float = 60.0) -> Bound:
