@@ -21,8 +21,9 @@ from ..schedule import ReplayState, Schedule
 from ..workload import Instance
 from .bigm import Constraints, Formulation
 from .model import Model
-from .network import (BatchTerms, _add_sparse_rows, _state, append_model_batch, assign_paths, build_state_network,
-                      finish_extraction, link_processing, request_classes, state_windows)
+from .network import (BatchTerms, ClassStates, _add_sparse_rows, _state, append_model_batch, assign_paths,
+                      build_state_network, class_states, finish_extraction, link_processing, request_classes,
+                      state_windows)
 
 # arc kinds
 IDLE, EVICT, EVICT_IDLE, REFILL, START, DECODE, CONTINUE, STOP, GENERATE = range(9)
@@ -45,13 +46,7 @@ class _Arcs:
 
 
 @dataclass
-class _ChainClass:
-    prompt: int
-    output: int
-    arrival: float
-    members: list[int]
-    states: list[tuple[int, int]]  # (m, n); the last one is the done state (-1, O)
-    index: dict
+class _ChainClass(ClassStates):
     chain_base: np.ndarray  # intra id of token node (n, p) is chain_base[n] + p - 1
     pool: np.ndarray  # intra id of the eviction pool of level n
     n_intra: int
@@ -78,8 +73,7 @@ class _ChainClass:
 
 def _build_class(I: int, O: int, arrival: float, members: list[int], block: int, C: int, P: int,
                  constraints: Constraints) -> _ChainClass:
-    states = [(m, n) for n in range(O) for m in range(I + n)] + [(-1, O)]
-    index = {s: k for k, s in enumerate(states)}
+    states, index = class_states(I, O)
     done = len(states) - 1
     evicts = not constraints.no_evict
     chain_base = np.zeros(O, dtype=np.int64)

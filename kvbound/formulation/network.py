@@ -24,13 +24,25 @@ from .model import Model
 
 
 @dataclass
-class _Class:
+class ClassStates:
+    """What every state-network model knows of a class of identical requests: its lengths, arrival,
+    members and states (m cached, n generated), the last one the done state (-1, O)."""
     prompt: int
     output: int
     arrival: float
     members: list[int]
-    states: list[tuple[int, int]]  # (m, n); the last one is the done state (-1, O)
-    index: dict
+    states: list[tuple[int, int]]
+    index: dict  # state -> its position in `states`
+
+
+def class_states(prompt: int, output: int) -> tuple[list[tuple[int, int]], dict]:
+    """The states (m, n) of a request with these lengths, done state last, and their positions."""
+    states = [(m, n) for n in range(output) for m in range(prompt + n)] + [(-1, output)]
+    return states, {s: k for k, s in enumerate(states)}
+
+
+@dataclass
+class _Class(ClassStates):
     # transitions (arrays over t)
     src: np.ndarray
     dst: np.ndarray
@@ -46,10 +58,8 @@ class _Class:
 
 def _build_class(prompt: int, output: int, arrival: float, members: list[int], block: int, C: int, P: int,
                  constraints: Constraints) -> _Class:
-    states = [(m, n) for n in range(output) for m in range(prompt + n)]
-    done = len(states)
-    states.append((-1, output))
-    index = {s: k for k, s in enumerate(states)}
+    states, index = class_states(prompt, output)
+    done = len(states) - 1
     rows = []  # src, dst, c, prefill c, kv, processing, decode, evict, first token, features...
     blocks = lambda t: -(-t // block) * block  # noqa: E731
     for (m, n), s in list(index.items())[:-1]:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..errors import SchedulerStuck
 from ..schedule import Batch, Replay, ReplayState, Schedule, ScheduleError
 from ..workload import Instance
@@ -77,6 +79,17 @@ class Policy:
                 self.release(i)
         for i in batch.evict:
             self.arrive(i)
+
+
+def future_kv_fits(base: np.ndarray, start: np.ndarray, last: np.ndarray, capacity: int, block: int) -> bool:
+    """MC-SF's memory test: request x holds base_x + max(0, t - start_x) KV tokens (block-rounded)
+    in future batch t = 0, 1, ... while t <= last_x; is the total within `capacity` in every batch?
+    Each term only grows until its request ends, so the batches where one ends are the ones to check."""
+    ts = np.unique(last)
+    kv = base[None, :] + np.maximum(0, ts[:, None] - start[None, :])
+    if block > 1:
+        kv = -(-kv // block) * block
+    return bool((np.where(last[None, :] >= ts[:, None], kv, 0).sum(axis=1) <= capacity).all())
 
 
 @dataclass

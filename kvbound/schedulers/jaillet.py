@@ -18,7 +18,7 @@ import numpy as np
 from ..errors import SchedulerStuck
 from ..schedule import Batch, ReplayState
 from ..workload import Instance
-from .base import Policy
+from .base import Policy, future_kv_fits
 
 
 def _prompt_too_long(instance: Instance, limit: int, what: str) -> str | None:
@@ -44,14 +44,7 @@ class MCSF(Policy):
 
     def _fits(self, base: np.ndarray, last: np.ndarray) -> bool:
         """KV of the set at each future batch t (request x holds base_x + t while t <= last_x) is within M."""
-        for t in np.unique(last):
-            alive = last >= t
-            kv = base[alive] + t
-            if self.b > 1:
-                kv = -(-kv // self.b) * self.b
-            if kv.sum() > self.M:
-                return False
-        return True
+        return future_kv_fits(base, np.zeros_like(base), last, self.M, self.b)
 
     def next_batch(self, st: ReplayState) -> Batch:
         m, n, out = st.m, st.n, st.output

@@ -23,7 +23,7 @@ import numpy as np
 
 from ..schedule import Batch, ReplayState
 from ..workload import Instance
-from .base import Policy
+from .base import Policy, future_kv_fits
 
 PRIORITIES = ("prefill", "decode", "rank-i", "rank-o")
 
@@ -236,11 +236,7 @@ class UnifiedScheduler(Policy):
         last = np.where(decode, left - 1, d + left - 2)
         S = np.where(decode, cached, S)
         d = np.where(decode, 0, d)
-        ts = np.unique(last)
-        kv = S[None, :] + np.maximum(0, ts[:, None] - d[None, :] + 1)
-        if self.b > 1:
-            kv = -(-kv // self.b) * self.b
-        return bool((np.where(last[None, :] >= ts[:, None], kv, 0).sum(axis=1) <= self.M).all())
+        return future_kv_fits(S, d - 1, last, self.M, self.b)
 
     def _victim(self, run_order, k, tail, gone, m):
         """The lowest-priority running request after position k that is still running, or None."""

@@ -53,13 +53,22 @@ def min_batches(instance: Instance) -> int:
 DFF_FUNCTIONS = 64
 
 
-def dff_batches(instance: Instance) -> int:
-    """Batches needed by the KV items (block-rounded I + q - 1 for the batch that generates token q
-    of each request; one item per request and batch): max over k of sum u^(k)(item / M), rounded up."""
+def kv_items(instance: Instance, first_token: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """(items, owner): the block-rounded KV I + q - 1 that the batch generating token q of a request
+    holds at least, one item per request and such batch (only q = 1 for first tokens), and the
+    request each item belongs to."""
     s = instance.system
-    items = np.concatenate([np.array([s.blocks(r.prompt + q - 1) for q in range(1, r.output + 1)], dtype=np.int64)
-                            for r in instance.requests])
-    best = max(dual_feasible_weights(items, s.kv_capacity, k).sum() for k in range(1, DFF_FUNCTIONS + 1))
+    count = [1 if first_token else r.output for r in instance.requests]
+    items = [s.blocks(r.prompt + q - 1) for r, n in zip(instance.requests, count) for q in range(1, n + 1)]
+    return np.array(items, dtype=np.int64), np.repeat(np.arange(len(count)), count)
+
+
+def dff_batches(instance: Instance) -> int:
+    """Batches needed by the KV items (`kv_items`; one per request and batch): max over k of
+    sum u^(k)(item / M), rounded up."""
+    items, _ = kv_items(instance)
+    M = instance.system.kv_capacity
+    best = max(dual_feasible_weights(items, M, k).sum() for k in range(1, DFF_FUNCTIONS + 1))
     return math.ceil(best - 1e-9)
 
 
@@ -102,22 +111,20 @@ def completion_order_bounds(instance: Instance, first_token: bool = False, steps
     reqs = instance.requests
     prompts = instance.prompts.astype(np.int64)
     if first_token:
-        area = np.array([s.blocks(I) for I in prompts], dtype=float)
         tokens = prompts.astype(float)
         capacity_tokens = min(s.max_batch_tokens, s.max_prefill_tokens)
         work = cost.per_token * tokens + cost.prefill_attention * tokens ** 2 + cost.per_prefill_request
     else:
-        area = np.array([sum(s.blocks(r.prompt + q - 1) for q in range(1, r.output + 1)) for r in reqs], dtype=float)
         tokens = np.array([r.peak_kv for r in reqs], dtype=float)
         capacity_tokens = s.max_batch_tokens
         work = np.array([request_minimum_work(r, cost) for r in reqs])
     best = np.sort(instance.arrivals + np.array([own_time_lower_bound(instance, i, first_token) for i in range(len(reqs))]))
-    # a request's share of the KV capacity: its area / M, or the dual-feasible weights of its items
-    items = [np.array([s.blocks(r.prompt + q - 1) for q in range(1, (1 if first_token else r.output) + 1)])
-             for r in reqs]
-    flat, owner = np.concatenate(items), np.repeat(np.arange(len(reqs)), [len(x) for x in items])
-    kv_shares = [area / s.kv_capacity] + [np.bincount(owner, dual_feasible_weights(flat, s.kv_capacity, k), len(reqs))
-                                          for k in range(1, DFF_FUNCTIONS + 1)]
+    # a request's share of the KV capacity: its area (the sum of its items) / M, or the items'
+    # dual-feasible weights
+    items, owner = kv_items(instance, first_token)
+    kv_shares = [np.bincount(owner, items / s.kv_capacity, len(reqs))]
+    kv_shares += [np.bincount(owner, dual_feasible_weights(items, s.kv_capacity, k), len(reqs))
+                  for k in range(1, DFF_FUNCTIONS + 1)]
     for kv_share in kv_shares:
         for lam in np.linspace(0.0, 1.0, steps):
             share = cost.intercept * (lam * kv_share + (1 - lam) * tokens / capacity_tokens) + work
