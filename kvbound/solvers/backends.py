@@ -130,26 +130,77 @@ def bound_above(bound: float, value: float, rel: float = 1e-6) -> bool:
 
 # ------------------------------------------------------------------------- CP-SAT
 
+#: seconds CP-SAT may overrun its time limit before its process is killed: it does not always stop
+#: in time (google/or-tools#2604, #4882), and the time limit is part of `solve`'s contract
+CPSAT_GRACE = 10.0
+
+
 def solve_cpsat(arrays: ModelArrays, time_limit: float, warm: np.ndarray | None, *, verbose: bool = False,
-                fix_to_hint: bool = False) -> BackendOutcome:
+                fix_to_hint: bool = False, grace: float = CPSAT_GRACE, workers: int | None = None) -> BackendOutcome:
     """Every variable and coefficient must be integral (the formulation is built with `tick`).
 
     OR-Tools bundles its own HiGHS, whose symbols clash with highspy's when both load in one
-    process, so CP-SAT runs in a fresh child process that never imports highspy.
+    process, so CP-SAT runs in a fresh child process that never imports highspy. The child says
+    when the model is built; if CP-SAT then overruns its limit by more than `grace` (plus 10%),
+    it is killed and the outcome is "unknown" with no point and no bound.
     """
     import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor
 
-    with ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as pool:
-        future = pool.submit(_solve_cpsat_here, arrays, time_limit, warm, verbose, fix_to_hint)
-        try:
-            return future.result()
-        except KeyboardInterrupt:  # the child got the signal too: CP-SAT stops and returns its best
-            return future.result()
+    ctx = mp.get_context("spawn")
+    receive, send = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_cpsat_child, daemon=True,
+                        args=(send, arrays, time_limit, warm, verbose, fix_to_hint, workers or _threads()))
+    child.start()
+    send.close()
+    try:
+        message = _receive(receive, child, None)  # "solving": the model is built, the clock runs
+        started = time.perf_counter()
+        deadline = started + time_limit * 1.1 + grace
+        while message[0] == "solving":
+            try:
+                message = _receive(receive, child, max(0.0, deadline - time.perf_counter()))
+            except KeyboardInterrupt:  # the child got the signal too: CP-SAT stops and returns its best
+                continue
+            if message is None:
+                child.kill()
+                seconds = time.perf_counter() - started
+                return BackendOutcome("unknown", None, None, -math.inf, seconds, None, {
+                    "model_status": "KILLED",
+                    "killed": f"CP-SAT did not return {seconds - time_limit:.0f} s after its {time_limit:g} s limit"})
+    finally:
+        child.join(timeout=5)
+        if child.is_alive():
+            child.kill()
+        receive.close()
+    kind, payload = message
+    if kind == "error":
+        raise payload
+    return payload
+
+
+def _receive(conn, child, timeout: float | None):
+    """The child's next message, or None if none came within `timeout` seconds."""
+    if not conn.poll(timeout):
+        return None
+    try:
+        return conn.recv()
+    except EOFError:
+        child.join(timeout=5)
+        raise RuntimeError(f"the CP-SAT process ended without an answer (exit code {child.exitcode})") from None
+
+
+def _cpsat_child(conn, arrays, time_limit, warm, verbose, fix_to_hint, workers) -> None:
+    try:
+        conn.send(("done", _solve_cpsat_here(arrays, time_limit, warm, verbose, fix_to_hint, workers,
+                                              on_start=lambda: conn.send(("solving", None)))))
+    except BaseException as exc:  # handed to the parent, which raises it
+        conn.send(("error", exc))
+    finally:
+        conn.close()
 
 
 def _solve_cpsat_here(arrays: ModelArrays, time_limit: float, warm: np.ndarray | None, verbose: bool,
-                      fix_to_hint: bool) -> BackendOutcome:
+                      fix_to_hint: bool, workers: int, on_start=lambda: None) -> BackendOutcome:
     from ortools.sat.python import cp_model
 
     if not (arrays.integrality.all() or _all_integral(arrays.col_lb) and _all_integral(arrays.col_ub)):
@@ -181,10 +232,17 @@ def _solve_cpsat_here(arrays: ModelArrays, time_limit: float, warm: np.ndarray |
             md.AddHint(var, int(round(v)))
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = float(max(time_limit, 0.01))
-    solver.parameters.num_workers = _threads()
+    solver.parameters.num_workers = workers
     solver.parameters.log_search_progress = bool(verbose)
+    # CP-SAT 9.15's presolve can lose the optimum and then certify a worse point as optimal, at
+    # random with two workers and a hint (google/or-tools#5293; here 7% of the runs of
+    # tests/test_solvers.py::test_cpsat_presolve_does_not_lose_the_optimum). Without the
+    # at-most-one/linear inclusion step and the reductions that drop feasible points, 0 of 1,200.
+    solver.parameters.presolve_inclusion_work_limit = 0
+    solver.parameters.keep_all_feasible_solutions_in_presolve = True
     if fix_to_hint:
         solver.parameters.fix_variables_to_their_hinted_value = True
+    on_start()
     t0 = time.perf_counter()
     try:
         st = solver.Solve(md)
