@@ -18,7 +18,8 @@ from kvbound import (SCHEDULERS, Batch, CostModel, InputError, Instance, Request
                      get_scheduler, run_scheduler, simulate, validate)
 from kvbound.costs import PRESETS
 from kvbound.errors import SchedulerRefused, SchedulerStuck
-from kvbound.schedulers import Policy, UnifiedScheduler
+from kvbound.schedulers import Policy, SptWaves, UnifiedScheduler, simulate
+from kvbound.schedulers.waves import plan_waves, wave_cost
 from tests.oracle import OBJECTIVES, brute_force, tiny_instances
 
 # ------------------------------------------------------------------ the documented refusal rules
@@ -29,12 +30,12 @@ NON_CHUNKING_EVICTING = {"vllm", "vllm-hy", "sarathi-nocp", "sarathi-nohy"}
 NON_CHUNKING_EVICTION_FREE = {name + "-ef" for name in NON_CHUNKING_EVICTING} | {"mcsf"}
 #: chunked prefill: serve every valid instance
 CHUNKING = {"sarathi", "sarathi-pc", "sarathi-ef", "sarathi-pc-ef", "rank-i", "rank-o", "evict-short", "mcsf-pc",
-            "sarathi-pc-mc", "sjf-mc"}
+            "sarathi-pc-mc", "sjf-mc", "spt-waves"}
 #: prompts must fit P and (1 - alpha) M; a refill that does not fit stops it loudly (SchedulerStuck)
 PROTECTING = {"fcfs-protect"}
 FCFS_ALPHA = 0.2
 
-EVICTION_FREE = {name for name in SCHEDULERS if name.endswith("-ef")} | {"mcsf"}
+EVICTION_FREE = {name for name in SCHEDULERS if name.endswith("-ef")} | {"mcsf", "spt-waves"}
 
 
 def test_every_scheduler_has_a_rule():
@@ -310,3 +311,52 @@ def test_future_kv_admission_is_exact_when_every_prefill_fits_one_batch(data, na
     replay = run_scheduler(inst, name).replay
     assert replay.metrics.evictions == 0
     assert replay.metrics.peak_kv <= M
+
+
+# ------------------------------------------------------------------ SPT waves
+
+
+def _cuts(order):
+    """Every way to cut `order` into consecutive waves."""
+    for mask in range(2 ** (len(order) - 1)):
+        waves, start = [], 0
+        for k in range(1, len(order)):
+            if mask >> (k - 1) & 1:
+                waves.append(order[start:k])
+                start = k
+        yield waves + [order[start:]]
+
+
+@settings(max_examples=40, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@given(inst=small_instances())
+def test_spt_waves_plan_is_the_best_cut_of_its_order(inst):
+    # offline, the plan's estimate (sum over waves of S + D x later requests) is what the validator
+    # measures, and no other cut of the same order into waves that fit M has a lower mean latency
+    inst = Instance(tuple(Request(r.prompt, r.output) for r in inst.requests), inst.system, inst.cost)
+    waves = plan_waves(inst)
+    order = [i for w in waves for i in w]
+    N, later, estimate = len(order), len(order), 0.0
+    for w in waves:
+        later -= len(w)
+        D, S = wave_cost(inst, w)
+        estimate += S + D * later
+    mean = run_scheduler(inst, "spt-waves").replay.metrics.mean_latency
+    assert mean == pytest.approx(estimate / N, rel=1e-9)
+    s = inst.system
+    for cut in _cuts(order):
+        if all(sum(s.blocks(inst.requests[i].peak_kv) for i in w) <= s.kv_capacity for w in cut):
+            other = simulate(inst, SptWaves(cut)).replay.metrics.mean_latency
+            assert mean <= other * (1 + 1e-9), (cut, other, waves, mean)
+
+
+def test_spt_waves_keeps_long_prompts_away_from_short_decodes():
+    # 2 short and 2 long requests that all fit M at once: one wave would make the short requests'
+    # decode batches wait for the long prefills; the plan runs the short ones first, alone
+    reqs = (Request(1000, 4), Request(8, 4), Request(1000, 4), Request(8, 4))
+    inst = Instance(reqs, SystemConfig(4096, 4096), PRESETS["llama2-7b-a100"])
+    result = run_scheduler(inst, "spt-waves")
+    assert plan_waves(inst)[0] == [1, 3]
+    first_long = min(j for j, b in enumerate(result.schedule.batches) if 0 in b.tokens or 2 in b.tokens)
+    assert max(result.replay.completion[i] for i in (1, 3)) <= result.replay.batch_start[first_long] + 1e-12
+    one_wave = simulate(inst, SptWaves([[1, 3, 0, 2]])).replay.metrics.mean_latency
+    assert result.replay.metrics.mean_latency < one_wave

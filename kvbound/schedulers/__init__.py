@@ -12,6 +12,7 @@ from ..errors import InputError
 from .base import Policy, SimulationResult, simulate
 from .jaillet import MCSF, FcfsProtect
 from .unified import UnifiedParams, UnifiedScheduler
+from .waves import SptWaves
 
 U = UnifiedParams
 
@@ -55,6 +56,8 @@ for _base in ("vllm", "vllm-hy", "sarathi", "sarathi-pc", "sarathi-nocp", "sarat
 _OTHER: dict[str, tuple[type, str]] = {
     "mcsf": (MCSF, "MC-SF: keep running requests, admit shortest output first while the future peak KV fits; never evicts (Jaillet et al. Alg. 2)"),
     "fcfs-protect": (FcfsProtect, "alpha-protection greedy: FCFS admission under (1 - alpha) M, clears all running requests on overflow; alpha = 0.2 (Jaillet et al. Sec. 7)"),
+    "spt-waves": (SptWaves, "shortest I + O first in waves that fit M and run alone (no hybrid mixing across waves), cut by "
+                            "dynamic programming for the least mean latency; never evicts (hypothetical: knows O)"),
 }
 
 SCHEDULERS: dict[str, str] = {name: desc for name, (_, desc) in _UNIFIED.items()}
@@ -62,7 +65,7 @@ SCHEDULERS.update({name: desc for name, (_, desc) in _OTHER.items()})
 
 #: the fast heuristics a solver warm-starts from by default (each is cheap on small cases)
 FAST_HEURISTICS = ("vllm", "vllm-ef", "sarathi-pc", "sarathi-pc-ef", "sarathi", "sarathi-ef", "rank-i", "evict-short", "mcsf",
-                   "mcsf-pc", "sarathi-pc-mc", "sjf-mc")
+                   "mcsf-pc", "sarathi-pc-mc", "sjf-mc", "spt-waves")
 
 
 def _parse_value(spec: str, key: str, text: str, kind):
@@ -135,4 +138,4 @@ def run_scheduler(instance, spec: str) -> SimulationResult:
 
 
 __all__ = ["SCHEDULERS", "FAST_HEURISTICS", "get_scheduler", "run_scheduler", "simulate", "Policy",
-           "SimulationResult", "UnifiedParams", "UnifiedScheduler", "MCSF", "FcfsProtect"]
+           "SimulationResult", "UnifiedParams", "UnifiedScheduler", "MCSF", "FcfsProtect", "SptWaves"]
