@@ -279,14 +279,14 @@ PRESOLVE_LOSES_OPTIMUM = Instance((Request(2, 2), Request(3, 2, 0.25)), SystemCo
 
 
 def test_cpsat_presolve_does_not_lose_the_optimum():
-    # 30 runs: with the default presolve at least one run goes wrong with probability ~0.9
+    # 30 runs: with the default presolve, at least one of them went wrong in each of 6 tries on an
+    # idle 2-core machine (a race between CP-SAT's workers: a loaded machine shows it less often)
     instance, objective = PRESOLVE_LOSES_OPTIMUM, "total_latency"
     opt = brute_force(instance, objective).value
-    best = min(heuristic_candidates(instance, FAST_HEURISTICS, Constraints()),
-               key=lambda c: objective_value(c.metrics, objective))
-    J = horizon_for(instance, objective, objective_value(best.metrics, objective), evict_batches_implicit=True)[0]
+    hint = run_scheduler(instance, "sarathi-pc")  # the hint (3.45 s) of the runs that went wrong
+    J = horizon_for(instance, objective, hint.replay.metrics.total_latency, evict_batches_implicit=True)[0]
     form = build_network(instance, objective, J, tick=_tick_for(instance, J))
-    arrays, warm = form.model.finalize(), form.warm_start(best.schedule)
+    arrays, warm = form.model.finalize(), form.warm_start(hint.schedule)
     claimed = [solve_cpsat(arrays, 60, warm, workers=2) for _ in range(30)]
     assert {out.status for out in claimed} == {"optimal"}
     assert [out.bound / form.objective_scale() for out in claimed] == pytest.approx([opt] * len(claimed), rel=1e-9)
