@@ -18,7 +18,7 @@ from kvbound import (SCHEDULERS, Batch, CostModel, InputError, Instance, Request
                      get_scheduler, run_scheduler, simulate, validate)
 from kvbound.costs import PRESETS
 from kvbound.errors import SchedulerRefused, SchedulerStuck
-from kvbound.schedulers import Policy, SptWaves, UnifiedScheduler, simulate
+from kvbound.schedulers import Policy, SptWaves, UnifiedScheduler
 from kvbound.schedulers.waves import plan_waves, wave_cost
 from tests.oracle import OBJECTIVES, brute_force, tiny_instances
 
