@@ -37,10 +37,11 @@ def _threads() -> int:
     return max(1, min(8, os.cpu_count() or 1))
 
 
-# CP-SAT's portfolio needs 8 workers to run its LP-heavy ones (max_lp, core, reduced_costs); with
-# the 2 of a 2-core machine it ran only default_lp and a heuristic, and a three-request model the
-# 8-worker portfolio proves at its root in 0.03 s stayed 10% short of a proof after 60 s (CI,
-# tests/test_solvers.py::test_cpsat_runs_its_lp_workers_on_few_cores). Workers are threads.
+# CP-SAT's portfolio grows with its workers (max_lp from 6, reduced_costs at 8); with the 2 of a
+# 2-core machine its one full-problem worker was default_lp (the rest are heuristics and LNS),
+# and a three-request model that 8 workers prove at the root in 0.03 s stayed 10% short of a
+# proof after 60 s (CI; tests/test_solvers.py::test_cpsat_runs_its_lp_workers_on_few_cores).
+# Workers are threads.
 CPSAT_WORKERS = 8
 
 
