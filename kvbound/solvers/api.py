@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..deadline import Deadline
 from ..errors import KvboundError, SchedulerRefused, SchedulerStuck
 from ..formulation.bigm import (OBJECTIVES, Constraints, build_bigm, first_token_prefix, horizon_for,
                                stops_at_first_tokens)
@@ -24,6 +25,7 @@ from ..schedulers import FAST_HEURISTICS, run_scheduler
 from ..workload import Instance
 from .backends import BACKENDS, BackendOutcome, bound_above, solve_cbc, solve_cpsat, solve_highs
 from .bounds import analytic_bounds
+from .options import DEFAULT_TIME_LIMIT, SolveOptions
 
 FORMULATIONS = ("auto", "chain", "network", "bigm")
 BUILDERS = {"chain": build_chain, "network": build_network, "bigm": build_bigm}
@@ -151,17 +153,26 @@ def heuristic_candidates(instance: Instance, names, constraints: Constraints) ->
 
 # ------------------------------------------------------------------------- solve
 
-def solve(instance: Instance, objective: str = "total_latency", backend: str = "highs", time_limit: float = 60.0,
+def solve(instance: Instance, objective: str = "total_latency", backend: str = "highs", time_limit: float = DEFAULT_TIME_LIMIT,
           warm_start=FAST_HEURISTICS, formulation: str = "auto", constraints: Constraints = Constraints(),
-          horizon: int | None = None, verbose: bool = False, export: str | None = None) -> Result:
-    """Best schedule and lower bound for `objective`; see the module docstring.
+          horizon: int | None = None, verbose: bool = False, export: str | None = None, *,
+          deadline: Deadline | None = None) -> Result:
+    """`solve_with` for callers that name the options one by one (a notebook, a test)."""
+    options = SolveOptions(objective, backend, formulation, time_limit, warm_start, horizon, constraints, verbose, export)
+    return solve_with(instance, options, deadline)
 
-    `warm_start` is a list of heuristic names (the best valid one seeds the solver), or None.
-    `horizon` overrides the batch count J; the bound is then certified only if J is at least
-    the derived one.
+
+def solve_with(instance: Instance, options: SolveOptions, deadline: Deadline | None = None) -> Result:
+    """Best schedule and lower bound for `options.objective`; see the module docstring.
+
+    `options.warm_start` names heuristics (the best valid one seeds the solver), or None.
+    `options.horizon` overrides the batch count J; the bound is then certified only if J is at
+    least the derived one. `deadline` (default: `options.time_limit` from now) bounds the whole call.
     """
-    if objective not in OBJECTIVES:
-        raise KvboundError(f"unknown objective {objective!r}; choose from {', '.join(OBJECTIVES)}")
+    objective, backend, formulation = options.objective, options.backend, options.formulation
+    constraints, horizon, warm_start = options.constraints, options.horizon, options.warm_start
+    verbose, export = options.verbose, options.export
+    deadline = deadline if deadline is not None else Deadline(options.time_limit)
     if backend not in BACKENDS:
         raise KvboundError(f"unknown solver {backend!r}; choose from {', '.join(BACKENDS)}")
     if formulation not in FORMULATIONS:
@@ -221,7 +232,7 @@ def solve(instance: Instance, objective: str = "total_latency", backend: str = "
             bad = arrays.check(warm_x)
             if bad:  # a formulation bug: say so instead of silently starting cold
                 raise RuntimeError(f"warm start from {best.name} violates the {form.name} model: {bad[0]}")
-        remaining = max(0.5, time_limit - (time.perf_counter() - t_start))
+        remaining = max(0.5, deadline.remaining())
         if backend == "highs":
             out = solve_highs(arrays, remaining, warm_x, verbose=verbose)
         elif backend == "cpsat":

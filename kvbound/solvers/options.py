@@ -1,0 +1,33 @@
+"""`SolveOptions`: everything that says how to solve, made once at the edge and passed as one value."""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ..formulation.base import Constraints
+from ..objective import Objective
+from ..schedulers import FAST_HEURISTICS
+
+#: seconds, when a command or call names no time limit
+DEFAULT_TIME_LIMIT = 60.0
+
+
+@dataclass(frozen=True)
+class SolveOptions:
+    objective: Objective = Objective.TOTAL_LATENCY
+    backend: str = "highs"  # highs | cpsat | cbc
+    formulation: str = "auto"  # auto | chain | network | bigm
+    time_limit: float = DEFAULT_TIME_LIMIT  # seconds for the whole solve (heuristics, build, backend)
+    warm_start: tuple[str, ...] | None = FAST_HEURISTICS  # heuristics whose best valid schedule seeds the solver
+    horizon: int | None = None  # batch count J; None: derived (and then certified)
+    constraints: Constraints = Constraints()
+    verbose: bool = False  # the backend's own log, on stderr
+    export: str | None = None  # write the model here (.mps or .lp)
+
+    def __post_init__(self):
+        object.__setattr__(self, "objective", Objective.parse(self.objective))
+        if self.warm_start is not None:
+            object.__setattr__(self, "warm_start", tuple(self.warm_start))
+
+    def but(self, **changes) -> "SolveOptions":
+        """A copy with `changes` (e.g. `options.but(constraints=Constraints(no_evict=True))`)."""
+        return replace(self, **changes)
