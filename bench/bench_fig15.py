@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from kvbound import load_case  # noqa: E402
-from kvbound.formulation.bigm import Constraints  # noqa: E402
+from kvbound.formulation.base import Constraints  # noqa: E402
 from kvbound.solvers.prove import compare_sets  # noqa: E402
 from resumable import run_points, write_text_atomic  # noqa: E402
 

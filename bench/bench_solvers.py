@@ -19,8 +19,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from kvbound import load_case, run_scheduler  # noqa: E402
-from kvbound.formulation.bigm import horizon_for  # noqa: E402
-from kvbound.solvers.api import MODEL_LIMIT, model_size, solve  # noqa: E402
+from kvbound.formulation import FORMULATION_KINDS
+from kvbound.formulation.base import horizon_for  # noqa: E402
+from kvbound.solvers.api import MODEL_LIMIT, solve  # noqa: E402
 from resumable import run_points, write_text_atomic  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
@@ -43,7 +44,7 @@ def run_point(case: str, objective: str, formulation: str, backend: str, time_li
     if formulation in SKIP:
         limit, what = SKIP[formulation]
         ub = min(run_scheduler(inst, s).replay.metrics.total_latency for s in ("vllm-ef", "sarathi-pc-ef"))
-        size = model_size(inst, formulation, horizon_for(inst, objective, ub, True, True)[0])
+        size = FORMULATION_KINDS[formulation].size(inst, horizon_for(inst, objective, ub, True, True)[0])
         if size > limit:
             return {**dict.fromkeys(COLUMNS, ""), "case": case, "requests": len(inst), "objective": objective,
                     "formulation": formulation, "backend": backend, "time_limit_s": time_limit,

@@ -16,7 +16,7 @@ from kvbound.analysis.compare import ROW_KEYS, TABLE_KEYS, compare
 from kvbound.analysis.interop import from_precomputed, to_precomputed
 from kvbound.analysis.roles import DECODE, EVICT, PREFILL, schedule_roles
 from kvbound.errors import SchedulerRefused
-from kvbound.solvers.bounds import analytic_bounds
+from kvbound.formulation.bounds import analytic_bounds
 from tests.conftest import FIG15_TINY as FIG15
 from tests.oracle import brute_force
 

@@ -22,15 +22,17 @@ from hypothesis import strategies as st
 from kvbound import Batch, CostModel, Instance, Request, Schedule, ScheduleError, SystemConfig, validate
 from kvbound.costs import PRESETS
 from kvbound.errors import SchedulerRefused, SchedulerStuck
-from kvbound.formulation.bigm import (OBJECTIVES, Constraints, build_bigm, first_token_prefix, horizon_for,
-                                      minimum_work, own_time_lower_bound, stops_at_first_tokens)
+from kvbound.formulation.base import Constraints, first_token_prefix, horizon_for, stops_at_first_tokens
+from kvbound.formulation.bigm import build_bigm
+from kvbound.formulation.bounds import analytic_bounds, dff_batches, min_batches, minimum_work, own_time_lower_bound
+from kvbound.objective import OBJECTIVES
 from kvbound.formulation.model import Model
 from kvbound.formulation.chain import build_chain
 from kvbound.formulation.network import build_network
 from kvbound.schedule import ReplayState
 from kvbound.schedulers import SCHEDULERS, run_scheduler
 from kvbound.solvers.api import _tick_for, objective_value, satisfies
-from kvbound.solvers.bounds import analytic_bounds, dff_batches, lp_bound, min_batches
+from kvbound.solvers.relaxation import lp_bound
 from tests.oracle import brute_force
 
 #: cost models: round decimals; all six terms (dyadic); every batch 1 s; the shipped A100 preset;
@@ -292,9 +294,9 @@ def test_repeated_entries_of_a_row_are_summed():
     # HiGHS's presolve loops forever on a matrix with a repeated (row, column) entry
     md = Model()
     v = md.add_vars("v", 3, 0, 10)
-    md.add_rows(1, [(v[None, :], [[1.0, 2.0, 3.0]]), (v[None, :1], -1.0), (v[None, 2:], 0.5)], hi=4)
+    md.add_rows("r", 1, [(v[None, :], [[1.0, 2.0, 3.0]]), (v[None, :1], -1.0), (v[None, 2:], 0.5)], hi=4)
     arrays = md.finalize()
-    assert sorted(zip(arrays.rows.tolist(), arrays.cols.tolist(), arrays.vals.tolist())) == [(0, 1, 2.0), (0, 2, 3.5)]
+    assert sorted(zip(*(a.tolist() for a in arrays.triplets()))) == [(0, 1, 2.0), (0, 2, 3.5)]
     assert arrays.check(np.array([10.0, 2.0, 0.0])) == []
     assert arrays.check(np.array([0.0, 2.0, 0.1]))
 

@@ -21,11 +21,13 @@ from hypothesis import strategies as st
 from kvbound import CostModel, Instance, Request, Schedule, SystemConfig, load_case, validate
 from kvbound.costs import PRESETS
 from kvbound.errors import KvboundError
-from kvbound.formulation.bigm import (OBJECTIVES, Constraints, build_bigm, first_token_prefix, horizon_for,
-                                      stops_at_first_tokens)
+from kvbound.formulation import FORMULATION_KINDS
+from kvbound.formulation.base import Constraints, first_token_prefix, horizon_for, stops_at_first_tokens
+from kvbound.formulation.bigm import build_bigm
 from kvbound.formulation.network import build_network
+from kvbound.objective import OBJECTIVES
 from kvbound.schedulers import FAST_HEURISTICS, run_scheduler
-from kvbound.solvers.api import (FORMULATIONS, _batches_needed, _tick_for, heuristic_candidates, objective_value,
+from kvbound.solvers.api import (FORMULATIONS, _tick_for, heuristic_candidates, objective_value,
                                  satisfies, solve)
 from kvbound.solvers.backends import BACKENDS, solve_cpsat, solve_highs
 from tests.conftest import REPO
@@ -175,7 +177,7 @@ def horizon(instance, objective, cons, formulation="bigm") -> int:
     prefix = best.schedule
     if stops_at_first_tokens(objective, cons):
         prefix = Schedule(instance.requests, first_token_prefix(instance, best.schedule.batches))
-    return max(J, _batches_needed(prefix, formulation))
+    return max(J, FORMULATION_KINDS[formulation].batches_needed(prefix))
 
 
 def small_enough(instance, objective, cons, formulation, limit):

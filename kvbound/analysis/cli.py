@@ -15,7 +15,7 @@ from ..schedule import Schedule, ScheduleError
 
 
 def register(sub) -> None:
-    from ..formulation.bigm import OBJECTIVES
+    from ..objective import OBJECTIVES
     from ..solvers.api import FORMULATIONS
     from ..solvers.backends import BACKENDS
 

@@ -22,10 +22,10 @@ import math
 from dataclasses import dataclass, field
 
 from ..errors import InputError, SchedulerRefused, SchedulerStuck
-from ..formulation.bigm import OBJECTIVES
+from ..objective import OBJECTIVES
 from ..schedule import Metrics, Schedule, validate
 from ..schedulers import FAST_HEURISTICS, SCHEDULERS, get_scheduler, simulate
-from ..solvers.bounds import analytic_bounds
+from ..formulation.bounds import analytic_bounds
 from ..workload import Instance
 
 #: the keys of one row of `kvbound compare --json` (a contract), in order

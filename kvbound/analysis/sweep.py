@@ -26,7 +26,7 @@ from pathlib import Path
 from ..costs import PRESETS
 from ..costs.presets import DEFAULT_PRESET
 from ..errors import InputError
-from ..formulation.bigm import OBJECTIVES
+from ..objective import OBJECTIVES
 from ..workload import Instance, Request, SystemConfig, _check_keys, load_case, read_toml
 from .compare import METRIC_COLUMNS, compare, resolve_schedulers
 

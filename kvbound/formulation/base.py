@@ -1,13 +1,18 @@
-"""What every formulation shares: the hypothesis constraints and the model's time units (docs/formulation.md)."""
+"""What every formulation shares (docs/formulation.md): the hypothesis constraints, the model's time
+units, the abstract `Formulation`, the certified horizon, the model clock of warm starts, and the
+schedule transforms between the semantics' batches and a model's batches."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..objective import OBJECTIVES
+from ..objective import Objective
+from ..schedule import Batch, ReplayState, Schedule
 from ..workload import Instance
+from .bounds import minimum_work, own_time_lower_bound
+from .model import Model
 
 
 @dataclass(frozen=True)
@@ -73,8 +78,239 @@ class TimeUnits:
         v = seconds * self.per_second
         return float(math.ceil(v - 1e-12 * max(1.0, abs(v)))) if self.integral else v
 
-    def objective_scale(self, objective: str, n_requests: int) -> float:
+    def objective_scale(self, objective: Objective, n_requests: int) -> float:
         """Model objective units per second (the integer model sums latencies instead of averaging)."""
-        return self.per_second * (n_requests if self.integral and objective != "total_latency" else 1)
+        return self.per_second * (n_requests if self.integral and Objective.parse(objective).is_mean else 1)
 
 
+
+
+@dataclass
+class Formulation:
+    instance: Instance
+    objective: Objective
+    horizon: int
+    constraints: Constraints
+    model: Model
+    tick: float | None  # integer model: time in units of 1/tick seconds, cost coefficients floored
+    coef: np.ndarray  # the cost coefficients as used in the model (scaled, and floored when tick)
+    units: "TimeUnits"
+    name: str = ""
+    info: dict = field(default_factory=dict)
+
+    @property
+    def free_end(self) -> bool:
+        """The model stops at the first tokens (mean TTFT with evictions allowed); schedules are completed after."""
+        return stops_at_first_tokens(self.objective, self.constraints)
+
+    @property
+    def blocks(self) -> dict:
+        return self.model.blocks
+
+    def objective_scale(self) -> float:
+        """Model objective units per second (the integer model sums latencies instead of averaging)."""
+        return self.units.objective_scale(self.objective, len(self.instance))
+
+    # ---------------------------------------------------------------- schedules <-> points
+    def warm_start(self, schedule: Schedule) -> np.ndarray:
+        """A complete assignment of every variable that represents `schedule` (which must be valid)."""
+        raise NotImplementedError
+
+    def extract(self, x: np.ndarray) -> Schedule | None:
+        """The schedule a (rounded) solution point describes (None: a first-token prefix that cannot be completed)."""
+        raise NotImplementedError
+
+
+def stops_at_first_tokens(objective: Objective, constraints: Constraints) -> bool:
+    return Objective.parse(objective).first_token and not constraints.no_evict
+
+
+def horizon_for(instance: Instance, objective: str, upper_bound: float, allow_evict: bool = True,
+                evict_batches_implicit: bool = False) -> tuple[int, bool, str]:
+    """(J, certified, reason): a batch count that admits an optimal schedule, given the latency
+    `upper_bound` of a valid schedule for the same objective and constraints.
+
+    Every processing batch costs at least the intercept, and every schedule spends at least
+    `minimum_work` on top of its intercepts, which bounds the processing batches. A batch
+    that processes nothing is only needed to evict a request that the next batch refills
+    (other evictions move into the next batch); at most one before each processing batch,
+    unless the formulation represents such a batch inside the next one
+    (`evict_batches_implicit`).
+    """
+    cost = instance.cost
+    n = len(instance)
+    objective = Objective.parse(objective)
+    if not objective.is_mean:
+        budget, work = upper_bound, minimum_work(instance)
+    else:
+        # The last completion (first token) of an optimal schedule comes at most at the sum of all of them,
+        # n * mean + sum of arrivals, less what every other request needs at least after its arrival.
+        first = objective.first_token
+        own = [r.arrival + own_time_lower_bound(instance, i, first) for i, r in enumerate(instance.requests)]
+        budget = n * upper_bound + float(instance.arrivals.sum()) - (sum(own) - max(own))
+        work = minimum_work(instance) if not first else sum(cost.per_token * r.prompt + cost.prefill_attention * r.prompt ** 2 + cost.per_prefill_request
+                   for r in instance.requests)
+    processing = max(0, math.floor((budget - work) / cost.intercept * (1 + 1e-12) + 1e-9))
+    horizon = processing if (not allow_evict or evict_batches_implicit) else 2 * processing
+    if objective.first_token:
+        if allow_evict:  # the model stops at the first tokens; any prefix can then be completed by evicting
+            return max(horizon, 1), True, "batches up to the last first token <= (bound on its time - prefill work) / intercept"
+        # without evictions only decodes are left after the last first token, one token per batch at least
+        tail = sum(r.output - 1 for r in instance.requests)
+        return horizon + tail, True, "first-token phase bounded by the upper bound, then at most sum(O - 1) decode batches"
+    return max(horizon, 1), True, "batches <= (upper bound - minimum work) / intercept"
+
+
+class ModelClock:
+    """Sets T, idle and t of a warm start batch by batch, on the model's own clock (ticks, floored costs)."""
+
+    def __init__(self, form: Formulation):
+        self.blocks = form.model.blocks
+        self.online = "idle" in self.blocks
+        self.to_time = form.units.down
+        self.clock = self.prev_T = 0.0
+
+    def advance(self, x: np.ndarray, j: int, T: float, processes: bool, latest_arrival: float) -> None:
+        B = self.blocks
+        x[B["T"][j]] = T
+        start = self.clock + self.prev_T
+        self.clock = start
+        if self.online:
+            t_j = max(start, self.to_time(latest_arrival)) if processes else start
+            x[B["idle"][j]] = t_j - start
+            x[B["t"][j]] = t_j
+            self.clock = t_j
+        self.prev_T = T
+
+
+def carry_idle(batches) -> list[Batch]:
+    """The batches without empty ones (nothing processed or evicted); the `start` of an empty batch
+    (an idle jump, docs/semantics.md) moves to the next batch, so the clock still waits."""
+    out: list[Batch] = []
+    wait = None
+    for bt in batches:
+        if bt.start is not None and wait is not None:
+            bt = Batch(bt.tokens, bt.evict, max(wait, bt.start))
+        elif wait is not None:
+            bt = Batch(bt.tokens, bt.evict, wait)
+        if not bt.tokens and not bt.evict:
+            wait = bt.start
+            continue
+        wait = None
+        out.append(bt)
+    return out
+
+
+def merge_evict_only(batches) -> list[Batch]:
+    """The schedule's batches without empty ones; an evict-only batch merges into the next batch
+    unless that one processes a request it evicts (same schedule, fewer batches)."""
+    merged: list[Batch] = []
+    pending: list[int] = []
+    for bt in carry_idle(batches):
+        if not bt.tokens:
+            pending.extend(bt.evict)
+            continue
+        if pending and not set(pending) & set(bt.tokens):
+            bt = Batch(bt.tokens, tuple(pending) + tuple(bt.evict), bt.start)
+        elif pending:
+            merged.append(Batch({}, tuple(pending), None))
+        pending = []
+        merged.append(bt)
+    if pending:
+        merged.append(Batch({}, tuple(pending), None))
+    return merged
+
+
+def first_token_prefix(instance: Instance, batches: list[Batch]) -> list[Batch]:
+    """The batches up to the one that generates the last first token."""
+    st = ReplayState(instance)
+    for k, bt in enumerate(batches):
+        st.apply(bt)
+        if min(st.n) >= 1:
+            return list(batches[: k + 1])
+    return list(batches)
+
+
+def complete_schedule(instance: Instance, batches: list[Batch], constraints: Constraints = Constraints()) -> Schedule | None:
+    """`batches` followed by batches that finish every request, meeting `constraints`: each batch
+    serves the unfinished requests with the least work left first while C, P, M and the batch-size
+    cap allow (decode-only or prefill-only batches under no_hybrid; whole prefills under no_chunk);
+    when nothing fits, all but one request are evicted (if allowed; else None). Used after models
+    that stop at the first tokens, whose objective the completion does not change."""
+    st = ReplayState(instance)
+    for bt in batches:
+        st.apply(bt)
+    out = list(batches)
+    s = instance.system
+    P = min(s.max_prefill_tokens, s.max_batch_tokens)
+    cap = constraints.max_batch_size or len(instance)
+    kinds = ({True}, {False}) if constraints.no_hybrid else ({True, False},)  # decode-type or prefill-type
+
+    def fill(order, allowed) -> dict[int, int]:
+        tokens: dict[int, int] = {}
+        kv, tok, ptok = st.kv_used, 0, 0
+        for i in order:
+            if len(tokens) == cap:
+                break
+            S = st.prompt[i] + st.n[i]
+            decode = st.n[i] >= 1 and S - st.m[i] == 1
+            if decode not in allowed:
+                continue
+            c = 1 if decode else min(S - st.m[i], s.max_batch_tokens - tok, P - ptok)
+            if constraints.no_chunk and not decode and c < S - st.m[i]:
+                continue
+            grow = s.blocks(st.m[i] + c) - s.blocks(st.m[i]) if c > 0 else 0
+            if c < 1 or tok + c > s.max_batch_tokens or kv + grow > s.kv_capacity:
+                continue
+            tokens[i] = c
+            tok, kv = tok + c, kv + grow
+            ptok += 0 if decode else c
+        return tokens
+
+    while st.unfinished:
+        order = sorted((i for i in range(len(instance)) if not st.finished[i]),
+                       key=lambda i: (st.prompt[i] + st.output[i] - st.m[i] - st.n[i], i))
+        tokens = next((t for t in map(lambda k: fill(order, k), kinds) if t), {})
+        if tokens:
+            bt = Batch(tokens, (), None)
+        else:
+            victims = tuple(i for i in order[1:] if st.m[i] > 0)  # keep the request with the least work left
+            if constraints.no_evict or not victims:
+                return None
+            bt = Batch({}, victims, None)
+        st.apply(bt)
+        out.append(bt)
+    return Schedule(instance.requests, out)
+
+
+@dataclass
+class Clock:
+    """The batch-level variables every model shares: y (batch processes), T (batch time), and
+    with arrivals idle (wait before the batch) and t (its start)."""
+    y: np.ndarray
+    T: np.ndarray
+    idle: np.ndarray | None
+    t: np.ndarray | None
+    T_max: float
+    idle_max: float
+
+
+def add_clock(md: Model, instance: Instance, J: int, units, integral: bool) -> Clock:
+    """The batch-level variables and the clock rows t_j = t_{j-1} + T_{j-1} + idle_j (with arrivals)."""
+    cost, s = instance.cost, instance.system
+    C, M, N = s.max_batch_tokens, s.kv_capacity, len(instance)
+    A = instance.arrivals
+    online = bool((A > 0).any())
+    y = md.binary("y", J)
+    T_max = (cost.intercept + cost.per_token * C + cost.decode_kv * M + cost.prefill_attention * (C * C + 2.0 * M * C)
+             + cost.prefill_kv * M + cost.per_prefill_request * min(N, C))
+    T = md.add_vars("T", J, 0, units.up(T_max), integral)
+    idle_max = float(A.max()) if online else 0.0
+    idle = t = None
+    if online:
+        idle = md.add_vars("idle", J, 0, units.up(idle_max), integral)
+        t = md.add_vars("t", J, 0, units.up(idle_max + J * T_max), integral)
+        md.add_rows("clock_start", 1, [(t[:1], 1), (idle[:1], -1)], 0, 0)
+        if J > 1:
+            md.add_rows("clock_after[j]", J - 1, [(t[1:], 1), (t[:-1], -1), (T[:-1], -1), (idle[1:], -1)], 0, 0)
+    return Clock(y, T, idle, t, T_max, idle_max)

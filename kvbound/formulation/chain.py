@@ -19,11 +19,10 @@ import numpy as np
 
 from ..schedule import ReplayState, Schedule
 from ..workload import Instance
-from .bigm import Constraints, Formulation
+from .base import Constraints, Formulation
 from .model import Model
-from .network import (BatchTerms, ClassStates, _add_sparse_rows, _state, append_model_batch, assign_paths,
-                      build_state_network, class_states, finish_extraction, link_processing, request_classes,
-                      state_windows)
+from .statenet import (BatchTerms, ClassStates, append_model_batch, assign_paths, build_state_network, class_states,
+                       finish_extraction, link_processing, request_classes, state_of, state_windows)
 
 # arc kinds
 IDLE, EVICT, EVICT_IDLE, REFILL, START, DECODE, CONTINUE, STOP, GENERATE = range(9)
@@ -181,7 +180,7 @@ def _add_class(md: Model, cl: _ChainClass, k: int, J: int, free_end: bool, clock
         terms.add(j, xv, tokens=arcs.tokens[tids], prefill=arcs.prefill[tids], kv=arcs.kv[tids], cost=cost[tids],
                   processing=processing[tids], decode=arcs.kind[tids] == DECODE,
                   unfinished=leaves_state & (src_n < cl.output), no_token=leaves_state & (src_n == 0))
-        z = link_processing(md, clock, units, j, nk, cl.arrival, xv[processing[tids]], f"z{k}_{j}")
+        z = link_processing(md, clock, units, j, nk, cl.arrival, xv[processing[tids]], k)
         if z is not None:
             cl.z[j] = z
     # flow conservation: out-flow - in-flow = supply at every node that exists
@@ -198,7 +197,7 @@ def _add_class(md: Model, cl: _ChainClass, k: int, J: int, free_end: bool, clock
         node, col, val = node[keep], col[keep], val[keep]
     used = np.union1d(np.unique(node), np.nonzero(supply)[0])
     row = np.searchsorted(used, node)
-    _add_sparse_rows(md, len(used), row.astype(np.int64), col.astype(np.int64), val, supply[used], supply[used])
+    md.add_sparse_rows(f"flow[class={k}]", len(used), row.astype(np.int64), col.astype(np.int64), val, supply[used], supply[used])
 
 
 # ------------------------------------------------------------------------------ schedules <-> points
@@ -253,7 +252,7 @@ def _extract(form: ChainFormulation, x: np.ndarray) -> Schedule | None:
             left = np.zeros(len(cl.arcs.kind), dtype=np.int64)
             left[tids] = np.rint(x[xv]).astype(np.int64)
             for i in cl.members:
-                node, c, was_evicted = (A_NODE, cl.index[_state(st, i)]), 0, False
+                node, c, was_evicted = (A_NODE, cl.index[state_of(st, i)]), 0, False
                 while True:
                     arc = next((a for a in table.get(node, ()) if left[a] > 0), None)
                     if arc is None:

@@ -8,6 +8,7 @@ the validator, and that exact latency is what is reported.
 from __future__ import annotations
 
 import math
+import re
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -16,31 +17,34 @@ import numpy as np
 
 from ..deadline import Deadline
 from ..errors import KvboundError, SchedulerRefused, SchedulerStuck
-from ..formulation.bigm import (OBJECTIVES, Constraints, build_bigm, first_token_prefix, horizon_for,
-                               stops_at_first_tokens)
-from ..formulation.chain import build_chain, chain_size
-from ..formulation.network import build_network, network_size
+from ..formulation import FORMULATION_KINDS, FormulationKind
+from ..formulation.base import Constraints, first_token_prefix, horizon_for, stops_at_first_tokens
+from ..formulation.bounds import analytic_bounds
+from ..objective import Objective
 from ..schedule import Batch, Metrics, ReplayState, Schedule, validate
 from ..schedulers import FAST_HEURISTICS, run_scheduler
 from ..workload import Instance
-from .backends import BACKENDS, BackendOutcome, bound_above, solve_cbc, solve_cpsat, solve_highs
-from .bounds import analytic_bounds
+from .backends import BACKENDS, BackendOutcome, bound_above
 from .options import DEFAULT_TIME_LIMIT, SolveOptions
 
-FORMULATIONS = ("auto", "chain", "network", "bigm")
-BUILDERS = {"chain": build_chain, "network": build_network, "bigm": build_bigm}
-#: state networks fold evict-only batches into the next batch (docs/formulation.md)
-STATE_NETWORKS = ("chain", "network")
+#: the names `--formulation` takes: "auto" picks chain or bigm by size
+FORMULATIONS = ("auto", *FORMULATION_KINDS)
 REL_TOL = 1e-6
 #: larger models are not built (memory on a 24 GiB machine); `solve` then reports the best heuristic
 #: schedule with the analytic bounds, and "auto" picks the chain model only below it
 MODEL_LIMIT = 1_500_000
 
 
+
 @dataclass
 class Result:
+    """One solve's outcome, the same shape from every backend and formulation (like scipy's OptimizeResult).
+
+    `objective` is the validator's latency of the best schedule; `lower_bound` is certified when
+    `bound_certified` (else it is conditional on the horizon, see `horizon_reason`).
+    """
     status: str  # optimal | feasible | infeasible | unknown
-    objective_name: str
+    objective_name: Objective
     objective: float | None  # exact latency of the best schedule (validator), seconds
     lower_bound: float
     bound_certified: bool
@@ -51,12 +55,49 @@ class Result:
     schedule: Schedule | None
     metrics: Metrics | None = None
     source: str = ""  # which schedule is best: "solver" or the heuristic's name
-    stats: dict = field(default_factory=dict)
+    message: str = ""
+    horizon: int | None = None  # the model's batch count J
+    horizon_reason: str = ""
+    warm_start: str | None = None  # the heuristic whose schedule seeded the solver
+    warm_start_accepted: bool | None = None
+    build_seconds: float = 0.0
+    backend_seconds: float = 0.0
+    backend_status: str = "unknown"
+    solver_bound: float = -math.inf  # the backend's bound in seconds (-inf: none, or discarded)
+    analytic_bound: float = -math.inf
+    conditional_bound: float | None = None  # the solver's bound when the horizon is not certified
+    bound_discarded: str | None = None  # why a solver bound above a validated schedule was dropped
+    model: dict = field(default_factory=dict)  # size of the model built (or estimated, if skipped)
+    tick: float | None = None  # CP-SAT: model time units per second
+    constraints: tuple[str, ...] = ()
+    formulation_requested: str = ""
+    backend_stats: dict = field(default_factory=dict)  # whatever the backend reports (nodes, status text, ...)
+
+    @property
+    def success(self) -> bool:
+        """The answer is proven: an optimal schedule, or proven infeasibility."""
+        return self.status in ("optimal", "infeasible")
+
+    @property
+    def stats(self) -> dict:
+        """The statistics as `solve --json` reports them (kvbound's own keys, then the backend's)."""
+        return {
+            "horizon": self.horizon, "horizon_reason": self.horizon_reason, "backend_status": self.backend_status,
+            "backend_seconds": self.backend_seconds, "build_seconds": self.build_seconds,
+            "warm_start": self.warm_start, "warm_start_accepted": self.warm_start_accepted,
+            "solver_bound": _finite_or_none(self.solver_bound), "analytic_bound": _finite_or_none(self.analytic_bound),
+            "conditional_bound": _finite_or_none(self.conditional_bound) if self.conditional_bound is not None else None,
+            "bound_discarded": self.bound_discarded, "model": self.model, "tick": self.tick,
+            "constraints": list(self.constraints), "formulation_requested": self.formulation_requested,
+            **self.backend_stats,
+        }
 
     def to_json(self) -> dict:
         return {
             "status": self.status,
-            "objective_name": self.objective_name,
+            "success": self.success,
+            "message": self.message,
+            "objective_name": str(self.objective_name),
             "objective": self.objective,
             "lower_bound": _finite_or_none(self.lower_bound),
             "bound_certified": self.bound_certified,
@@ -75,8 +116,8 @@ def _finite_or_none(v: float):
     return v if v is not None and math.isfinite(v) else (None if v is None or v != math.inf else "inf")
 
 
-def objective_value(metrics: Metrics, objective: str) -> float:
-    return float(getattr(metrics, objective))
+def objective_value(metrics: Metrics, objective: str | Objective) -> float:
+    return Objective.parse(objective).of(metrics)
 
 
 # ------------------------------------------------------------------------- schedules meeting constraints
@@ -169,97 +210,64 @@ def solve_with(instance: Instance, options: SolveOptions, deadline: Deadline | N
     `options.horizon` overrides the batch count J; the bound is then certified only if J is at
     least the derived one. `deadline` (default: `options.time_limit` from now) bounds the whole call.
     """
-    objective, backend, formulation = options.objective, options.backend, options.formulation
-    constraints, horizon, warm_start = options.constraints, options.horizon, options.warm_start
-    verbose, export = options.verbose, options.export
     deadline = deadline if deadline is not None else Deadline(options.time_limit)
-    if backend not in BACKENDS:
-        raise KvboundError(f"unknown solver {backend!r}; choose from {', '.join(BACKENDS)}")
-    if formulation not in FORMULATIONS:
-        raise KvboundError(f"unknown formulation {formulation!r}; choose from {', '.join(FORMULATIONS)}")
-    t_start = time.perf_counter()
-    requested = formulation
-    cands = heuristic_candidates(instance, list(warm_start or ()), constraints)
-    cap = constraints.objective_cap
-    best = min(cands, key=lambda c: objective_value(c.metrics, objective)) if cands else None
+    objective, constraints = options.objective, options.constraints
+    backend = _lookup(BACKENDS, options.backend, "solver")
+    if options.formulation != "auto":
+        _lookup(FORMULATION_KINDS, options.formulation, "formulation")
+    cands = heuristic_candidates(instance, list(options.warm_start or ()), constraints)
+    best = min(cands, key=lambda c: objective.of(c.metrics)) if cands else None
     # the horizon comes from the best schedule of all candidates (they meet the constraints)
-    ub = objective_value(best.metrics, objective) if best else None
-    if formulation == "auto":
-        # size the chain model with the horizon it would get (bigm's is at most twice that)
-        j_net = horizon or (horizon_for(instance, objective, ub, not constraints.no_evict, True)[0] if ub is not None else 64)
-        small = chain_size(instance, j_net) <= MODEL_LIMIT
-        formulation = "chain" if small and constraints.admission_order is None else "bigm"
-    if ub is not None:
-        j_cert, certified, why = horizon_for(instance, objective, ub, allow_evict=not constraints.no_evict,
-                                             evict_batches_implicit=formulation in STATE_NETWORKS)
-    else:
-        j_cert, certified, why = None, False, "no schedule meets the constraints to derive a horizon from"
-    if horizon is not None:
-        J = int(horizon)
-        certified = certified and j_cert is not None and J >= j_cert
-        why = f"horizon J = {J} given" + ("" if certified else f" (a certified horizon needs J >= {j_cert})" if j_cert else "")
-    else:
-        if j_cert is None:
-            raise KvboundError("cannot derive a horizon: no heuristic schedule meets the constraints; give --horizon")
-        J = j_cert
+    ub = objective.of(best.metrics) if best else None
+    kind = _pick_formulation(instance, options, ub)
+    J, certified, why = _horizon(instance, options, kind, ub)
     if best is not None:
         prefix = best.schedule
         if stops_at_first_tokens(objective, constraints):
             prefix = Schedule(instance.requests, first_token_prefix(instance, best.schedule.batches))
-        J = max(J, _batches_needed(prefix, formulation))
-    tick = _tick_for(instance, J) if backend == "cpsat" else None
-    size = model_size(instance, formulation, J)
-    warm_x = None
-    warm_name = None
-    build_seconds = 0.0
-    form = None
-    if size > MODEL_LIMIT and not export:
+        J = max(J, kind.batches_needed(prefix))
+    tick = _tick_for(instance, J) if backend.integer_ticks else None
+    size = kind.size(instance, J)
+    cap = constraints.objective_cap
+    warm_name, build_seconds, form, scale = None, 0.0, None, 1.0
+    if size > MODEL_LIMIT and not options.export:
         # no solver could take it here: the best heuristic schedule and the analytic bounds stand
         out = BackendOutcome("unknown", None, None, -math.inf, 0.0, None,
-                             {"skipped": f"the {formulation} model would have ~{size:,} variables (limit {MODEL_LIMIT:,})"})
-        scale = 1.0
+                             {"skipped": f"the {kind.name} model would have ~{size:,} variables (limit {MODEL_LIMIT:,})"})
     else:
         t_build = time.perf_counter()
-        form = BUILDERS[formulation](instance, objective, J, constraints, tick=tick)
+        form = kind.build(instance, objective, J, constraints, tick=tick)
         arrays = form.model.finalize()
         build_seconds = time.perf_counter() - t_build
-        if export:
-            export_model(arrays, form, export)
-        warm_within_cap = best is not None and (cap is None or ub <= cap * (1 + 1e-12))
-        if best is not None and warm_within_cap and warm_start:
-            warm_x = form.warm_start(best.schedule)
-            warm_name = best.name
+        if options.export:
+            export_model(arrays, form, options.export)
+        warm_x = None
+        if best is not None and options.warm_start and (cap is None or ub <= cap * (1 + 1e-12)):
+            warm_x, warm_name = form.warm_start(best.schedule), best.name
             bad = arrays.check(warm_x)
             if bad:  # a formulation bug: say so instead of silently starting cold
                 raise RuntimeError(f"warm start from {best.name} violates the {form.name} model: {bad[0]}")
-        remaining = max(0.5, deadline.remaining())
-        if backend == "highs":
-            out = solve_highs(arrays, remaining, warm_x, verbose=verbose)
-        elif backend == "cpsat":
-            out = solve_cpsat(arrays, remaining, warm_x, verbose=verbose)
-        else:
-            out = solve_cbc(arrays, remaining, warm_x, verbose=verbose)
+        out = backend.run(arrays, max(0.5, deadline.remaining()), warm_x, verbose=options.verbose)
         scale = form.objective_scale()
     # the solver's schedule, re-evaluated exactly
-    options: list[Candidate] = []
+    schedules: list[Candidate] = []
     if out.x is not None:
         sched = form.extract(out.x)  # None: a first-token prefix that cannot be completed without evicting
         if sched is not None:
-            options.append(Candidate("solver", sched, validate(instance, sched).metrics))
-    options += [c for c in cands if cap is None or objective_value(c.metrics, objective) <= cap * (1 + 1e-12)]
-    chosen = min(options, key=lambda c: objective_value(c.metrics, objective)) if options else None
+            schedules.append(Candidate("solver", sched, validate(instance, sched).metrics))
+    schedules += [c for c in cands if cap is None or objective.of(c.metrics) <= cap * (1 + 1e-12)]
+    chosen = min(schedules, key=lambda c: objective.of(c.metrics)) if schedules else None
+    value = objective.of(chosen.metrics) if chosen else None
     solver_bound = out.bound / scale if math.isfinite(out.bound) else out.bound
     analytic = max(b.value for b in analytic_bounds(instance, objective))
-    value = objective_value(chosen.metrics, objective) if chosen else None
     discarded = None
     if value is not None and bound_above(solver_bound, value, REL_TOL):
         # a validated schedule beats the solver's "lower bound": a solver or formulation bug. Never
         # report it; fall back to the analytic bound and say so.
-        discarded = f"the {backend} bound {solver_bound:.9g} is above a validated schedule's {value:.9g}; discarded"
+        discarded = f"the {backend.name} bound {solver_bound:.9g} is above a validated schedule's {value:.9g}; discarded"
         warnings.warn(discarded, RuntimeWarning, stacklevel=2)
         solver_bound = -math.inf
     lower = max(solver_bound, analytic) if certified else analytic
-    conditional_bound = solver_bound if not certified else None
     if out.status == "infeasible" and certified and discarded is None:
         status = "infeasible"
     elif value is not None and certified and value - lower <= REL_TOL * max(abs(value), 1e-12):
@@ -268,37 +276,72 @@ def solve_with(instance: Instance, options: SolveOptions, deadline: Deadline | N
         status = "feasible"
     else:
         status = "unknown"
-    gap = None
-    if value is not None and math.isfinite(lower) and value > 0:
-        gap = max(0.0, (value - lower) / value)
-    stats = {
-        "horizon": J, "horizon_reason": why, "backend_status": out.status, "backend_seconds": out.seconds,
-        "build_seconds": build_seconds, "warm_start": warm_name, "warm_start_accepted": out.warm_start_accepted,
-        "solver_bound": _finite_or_none(solver_bound), "analytic_bound": _finite_or_none(analytic),
-        "conditional_bound": _finite_or_none(conditional_bound) if conditional_bound is not None else None,
-        "bound_discarded": discarded, "model": form.info if form else {"variables": size}, "tick": tick, "constraints": constraints.describe(), "formulation_requested": requested,
-        **out.stats,
-    }
-    return Result(status, objective, value, lower, certified, gap, backend, formulation,
-                  time.perf_counter() - t_start, chosen.schedule if chosen else None,
-                  chosen.metrics if chosen else None, chosen.name if chosen else "", stats)
+    gap = max(0.0, (value - lower) / value) if value is not None and math.isfinite(lower) and value > 0 else None
+    return Result(
+        status, objective, value, lower, certified, gap, backend.name, kind.name, deadline.elapsed(),
+        chosen.schedule if chosen else None, chosen.metrics if chosen else None, chosen.name if chosen else "",
+        message=_message(status, value, lower, gap, certified, out),
+        horizon=J, horizon_reason=why, warm_start=warm_name, warm_start_accepted=out.warm_start_accepted,
+        build_seconds=build_seconds, backend_seconds=out.seconds, backend_status=out.status,
+        solver_bound=solver_bound, analytic_bound=analytic,
+        conditional_bound=None if certified else solver_bound, bound_discarded=discarded,
+        model=form.info if form else {"variables": size}, tick=tick, constraints=tuple(constraints.describe()),
+        formulation_requested=options.formulation, backend_stats=dict(out.stats))
 
 
-def model_size(instance: Instance, formulation: str, horizon: int) -> int:
-    """About how many variables the formulation has at this horizon."""
-    if formulation == "chain":
-        return chain_size(instance, horizon)
-    if formulation == "network":
-        return network_size(instance, horizon)
-    bits = max(1, int(math.ceil(math.log2(instance.system.max_batch_tokens + 1))))
-    return horizon * len(instance) * (16 + 2 * bits)
+def _lookup(table: dict, name: str, what: str):
+    if name not in table:
+        raise KvboundError(f"unknown {what} {name!r}; choose from {', '.join(table)}")
+    return table[name]
 
 
-def _batches_needed(schedule: Schedule, formulation: str) -> int:
-    """Batches the warm-start schedule occupies in the model (state networks fold evict-only batches)."""
-    if formulation in STATE_NETWORKS:
-        return sum(1 for b in schedule.batches if b.tokens) + (1 if schedule.batches and not schedule.batches[-1].tokens else 0)
-    return sum(1 for b in schedule.batches if b.tokens or b.evict)
+def _pick_formulation(instance: Instance, options: SolveOptions, upper_bound: float | None) -> FormulationKind:
+    """The named formulation, or for "auto" the chain model while it stays below MODEL_LIMIT at the
+    horizon it would get (and can express the constraints), else Big-M."""
+    if options.formulation != "auto":
+        return FORMULATION_KINDS[options.formulation]
+    chain = FORMULATION_KINDS["chain"]
+    if options.horizon:
+        J = options.horizon
+    elif upper_bound is not None:
+        J = horizon_for(instance, options.objective, upper_bound, not options.constraints.no_evict, chain.folds_evict_only)[0]
+    else:
+        J = 64
+    small = chain.size(instance, J) <= MODEL_LIMIT
+    return chain if small and options.constraints.admission_order is None else FORMULATION_KINDS["bigm"]
+
+
+def _horizon(instance: Instance, options: SolveOptions, kind: FormulationKind,
+             upper_bound: float | None) -> tuple[int, bool, str]:
+    """(J, certified, reason): the derived horizon, or the given one (certified only if >= the derived)."""
+    if upper_bound is not None:
+        j_cert, certified, why = horizon_for(instance, options.objective, upper_bound,
+                                             allow_evict=not options.constraints.no_evict,
+                                             evict_batches_implicit=kind.folds_evict_only)
+    else:
+        j_cert, certified, why = None, False, "no schedule meets the constraints to derive a horizon from"
+    if options.horizon is None:
+        if j_cert is None:
+            raise KvboundError("cannot derive a horizon: no heuristic schedule meets the constraints; give --horizon")
+        return j_cert, certified, why
+    J = int(options.horizon)
+    certified = certified and j_cert is not None and J >= j_cert
+    why = f"horizon J = {J} given" + ("" if certified else f" (a certified horizon needs J >= {j_cert})" if j_cert else "")
+    return J, certified, why
+
+
+def _message(status: str, value, lower: float, gap, certified: bool, out: BackendOutcome) -> str:
+    """One sentence for people: what was found and what is known about it."""
+    if status == "optimal":
+        return f"optimal: {value:.9g} s, proven by a certified bound"
+    if status == "infeasible":
+        return "infeasible: no schedule meets the constraints within the certified horizon"
+    if value is None:
+        return "no schedule found" + (f"; {out.stats['skipped']}" if "skipped" in out.stats else "")
+    what = "certified" if certified else "analytic (the solver's bound is conditional on the horizon)"
+    gap_text = f", gap {gap:.2%}" if gap is not None else ""
+    return f"best schedule {value:.9g} s, {what} lower bound {lower:.9g} s{gap_text}" + \
+        (f"; {out.stats['skipped']}" if "skipped" in out.stats else "")
 
 
 CPSAT_MAGNITUDE_BITS = 36
@@ -347,4 +390,18 @@ def _pulp_with_names(arrays, form):
         flat = np.asarray(idx).reshape(-1)
         for pos, k in zip(np.ndindex(*np.shape(idx)), flat):
             names[k] = block + "_" + "_".join(map(str, pos))
-    return build_pulp(arrays, names)
+    return build_pulp(arrays, names, _lp_names(arrays.row_names()))
+
+
+def _lp_names(labels: list[str]) -> list[str]:
+    """Row labels as LP/MPS names (letters, digits and _; unique): `kv_capacity[j=7]` -> `kv_capacity_j7`."""
+    out, seen = [], set()
+    for label in labels:
+        name = re.sub(r"_+", "_", re.sub(r"[^A-Za-z0-9_]", "_", label.replace("=", ""))).strip("_")
+        base, k = name, 1
+        while name in seen:
+            k += 1
+            name = f"{base}_{k}"
+        seen.add(name)
+        out.append(name)
+    return out

@@ -11,13 +11,13 @@ import re
 import tempfile
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..formulation.model import ModelArrays
 
-BACKENDS = ("highs", "cpsat", "cbc")
 #: relative error of the figures CBC hands back through text files (8 significant digits)
 CBC_TEXT_PRECISION = 1e-7
 
@@ -288,7 +288,7 @@ def _all_integral(a) -> bool:
 
 # ------------------------------------------------------------------------- CBC through PuLP
 
-def build_pulp(arrays: ModelArrays, names: list[str] | None = None):
+def build_pulp(arrays: ModelArrays, names: list[str] | None = None, row_names: list[str] | None = None):
     import pulp
 
     prob = pulp.LpProblem("kvbound", pulp.LpMinimize)
@@ -303,13 +303,14 @@ def build_pulp(arrays: ModelArrays, names: list[str] | None = None):
         a, b = starts[k], starts[k + 1]
         expr = pulp.LpAffineExpression([(xs[c], float(v)) for c, v in zip(cols[a:b], vals[a:b])])
         lo, hi = arrays.row_lo[k], arrays.row_hi[k]
+        row = row_names[k] if row_names else f"r{k}"
         if lo == hi:
-            prob += expr == float(lo), f"r{k}"
+            prob += expr == float(lo), row
         else:
             if math.isfinite(lo):
-                prob += expr >= float(lo), f"r{k}_lo"
+                prob += expr >= float(lo), f"{row}_lo"
             if math.isfinite(hi):
-                prob += expr <= float(hi), f"r{k}_hi"
+                prob += expr <= float(hi), f"{row}_hi"
     nz = np.nonzero(arrays.objective)[0]
     # the objective offset stays outside the LP file so CBC's printed bounds are plain model values
     prob += pulp.LpAffineExpression([(xs[c], float(arrays.objective[c])) for c in nz])
@@ -375,3 +376,22 @@ def _cbc_bound(text: str) -> float | None:
     if m:
         return float(m[-1])
     return None
+
+
+# ------------------------------------------------------------------------- what each backend is
+
+@dataclass(frozen=True)
+class Backend:
+    """One solver backend, described once: `solve()` reads these fields instead of branching on names."""
+    name: str
+    run: Callable[..., BackendOutcome]  # (arrays, time_limit, warm, *, verbose) -> BackendOutcome
+    integer_ticks: bool  # needs an integer model: time in whole ticks, coefficients floored
+    child_process: bool  # runs in a child process that kvbound can stop
+    summary: str
+
+
+BACKENDS: dict[str, Backend] = {b.name: b for b in (
+    Backend("highs", solve_highs, False, False, "HiGHS branch-and-cut (default)"),
+    Backend("cpsat", solve_cpsat, True, True, "OR-Tools CP-SAT on the integer-tick model (8 workers)"),
+    Backend("cbc", solve_cbc, False, True, "COIN-OR CBC through PuLP"),
+)}

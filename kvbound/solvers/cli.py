@@ -7,7 +7,8 @@ import sys
 
 from ..cli import positive
 from ..errors import InputError
-from ..formulation.bigm import OBJECTIVES, Constraints
+from ..formulation.base import Constraints
+from ..objective import OBJECTIVES
 from ..schedule import write_json_atomic
 from ..schedulers import FAST_HEURISTICS, SCHEDULERS
 from ..workload import load_case
@@ -109,7 +110,8 @@ def cmd_solve(args) -> int:
 
 
 def cmd_bound(args) -> int:
-    from .bounds import analytic_bounds, lp_bound
+    from ..formulation.bounds import analytic_bounds
+    from .relaxation import lp_bound
 
     instance = load_case(args.case)
     bounds = list(analytic_bounds(instance, args.objective))
@@ -119,7 +121,7 @@ def cmd_bound(args) -> int:
     if res.objective is not None:
         bounds.append(lp_bound(instance, args.objective, res.objective, args.time_limit))
     milp = res.stats.get("solver_bound")
-    from .bounds import Bound
+    from ..formulation.bounds import Bound
 
     bounds.append(Bound(f"MILP dual bound ({args.solver}, {res.formulation}, {args.time_limit:g} s)",
                         milp if isinstance(milp, (int, float)) else -math.inf, res.stats["backend_seconds"],

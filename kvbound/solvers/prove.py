@@ -9,7 +9,7 @@
 """
 from __future__ import annotations
 
-from ..formulation.bigm import Constraints
+from ..formulation.base import Constraints
 from ..schedulers import run_scheduler
 from .api import Result, objective_value, solve
 

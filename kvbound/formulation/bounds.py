@@ -1,4 +1,4 @@
-"""Lower bounds on the optimal latency, cheapest first; each is valid for every schedule.
+"""Every analytic lower bound on the optimal latency, cheapest first; each is valid for every schedule.
 
 Analytic bounds (docs/formulation.md, "Bounds"):
 * batches: every request needs O_i batches (one token per batch), all tokens need
@@ -20,9 +20,52 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..formulation.bigm import minimum_work, own_time_lower_bound, request_minimum_work
-from ..formulation.network import dual_feasible_weights
+from ..objective import Objective
 from ..workload import Instance
+
+
+def own_time_lower_bound(instance: Instance, i: int, first_token: bool = False) -> float:
+    """Least time request i needs from its arrival to its completion (first token), even alone."""
+    r = instance.requests[i]
+    cost = instance.cost
+    P = min(instance.system.max_prefill_tokens, instance.system.max_batch_tokens)
+    prefill = math.ceil(r.prompt / P) * cost.intercept + cost.per_token * r.prompt + cost.prefill_attention * r.prompt ** 2 \
+        + cost.per_prefill_request
+    if first_token:
+        return prefill
+    return (math.ceil(r.prompt / P) + r.output - 1) * cost.intercept + request_minimum_work(r, cost)
+
+
+def minimum_work(instance: Instance) -> float:
+    """A lower bound on the non-intercept cost of any complete schedule (docs/formulation.md)."""
+    return sum(request_minimum_work(r, instance.cost) for r in instance.requests)
+
+
+def request_minimum_work(r, cost) -> float:
+    """The least non-intercept batch time that request r adds to any complete schedule."""
+    total = cost.per_token * (r.prompt + r.output - 1)
+    total += cost.prefill_attention * r.prompt ** 2 + cost.per_prefill_request
+    for k in range(2, r.output + 1):
+        # token k, k >= 2: after token k - 1 the request holds m = I + k - 2 tokens. Either a decode
+        # generates it, or m tokens were evicted and are processed again (at least per_token m and
+        # chunks whose attention telescopes to m^2, one prefill-type chunk) besides the one token.
+        m = r.prompt + k - 2
+        total += min(cost.decode_kv * m, cost.per_token * m + cost.prefill_attention * m * m + cost.per_prefill_request)
+    return total
+
+
+def dual_feasible_weights(used: np.ndarray, capacity: int, k: int) -> np.ndarray:
+    """Fekete and Schepers' dual-feasible function u^(k) of used / capacity: x if (k + 1) x is an
+    integer, else floor((k + 1) x) / k. Superadditive with u(1) = 1, so the weights of whatever fits
+    in one batch sum to at most 1."""
+    return dff_numerators(used, capacity, k) / (k * capacity)
+
+
+def dff_numerators(used, capacity: int, k: int) -> np.ndarray:
+    """u^(k) times k * capacity: integers, so that the integer (CP-SAT) model can take the rows."""
+    used = np.asarray(used, dtype=np.int64)
+    scaled = (k + 1) * used
+    return np.where(scaled % capacity == 0, k * used, (scaled // capacity) * capacity)
 
 
 @dataclass
@@ -76,14 +119,15 @@ def analytic_bounds(instance: Instance, objective: str) -> list[Bound]:
     t0 = time.perf_counter()
     cost = instance.cost
     out = []
-    if objective == "total_latency":
+    objective = Objective.parse(objective)
+    if not objective.is_mean:
         nb = min_batches(instance)
         out.append(Bound("batches x intercept + minimum work", nb * cost.intercept + minimum_work(instance),
                          time.perf_counter() - t0, note=f"at least {nb} batches"))
         per_req = max(r.arrival + own_time_lower_bound(instance, i) for i, r in enumerate(instance.requests))
         out.append(Bound("latest arrival + own work", per_req, time.perf_counter() - t0))
     else:
-        first = objective == "mean_ttft"
+        first = objective.first_token
         alone = sum(own_time_lower_bound(instance, i, first) for i in range(len(instance))) / len(instance)
         out.append(Bound("mean first prefill of each request alone" if first else "mean of each request alone", alone,
                          time.perf_counter() - t0))
@@ -138,17 +182,3 @@ def completion_order_bounds(instance: Instance, first_token: bool = False, steps
         sums = np.cumsum(np.sort(work[alone <= B]))
         by_length[:len(sums)] = np.minimum(by_length[:len(sums)], cost.intercept * B + sums)
     return np.maximum(best, by_length)
-
-
-def lp_bound(instance: Instance, objective: str, upper_bound: float, time_limit: float = 60.0) -> Bound:
-    """The LP relaxation of the Big-M model over a certified horizon."""
-    from ..formulation.bigm import build_bigm, horizon_for
-    from .backends import solve_highs
-
-    t0 = time.perf_counter()
-    J, certified, why = horizon_for(instance, objective, upper_bound)
-    form = build_bigm(instance, objective, J)
-    out = solve_highs(form.model.finalize(), time_limit, None, relax=True)
-    value = out.bound / form.objective_scale() if out.status == "optimal" else -math.inf
-    return Bound("LP relaxation (bigm)", value, time.perf_counter() - t0, certified and out.status == "optimal",
-                 note=f"horizon J = {J}: {why}")
