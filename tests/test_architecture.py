@@ -246,3 +246,20 @@ def test_no_library_module_imports_the_cli():
     offenders = [(a, b) for a, b in graph.edges
                  if (b == "kvbound.cli" or b.startswith("kvbound.cli.")) and not a.startswith("kvbound.cli")]
     assert offenders == []
+
+
+# ------------------------------------------------------------------------------ schedule transforms
+
+def test_completion_under_no_chunk_evicts_only_requests_it_can_refill():
+    # found by hypothesis (test_warm_start_of_heuristic_schedules): after the first tokens both requests
+    # hold KV and neither can decode; request 2 (S = 6 > min(P, C) = 5) can never be refilled in one
+    # chunk, so request 0 must be the one evicted, or the completion fails
+    from kvbound.formulation.base import complete_schedule, first_token_prefix
+
+    inst = Instance((Request(1, 4), Request(4, 1), Request(4, 3)), SystemConfig(8, 5, 5, 1), CostModel(1.0, 0.1, 0.01, 0.001))
+    batches = [Batch({0: 1, 1: 4}), Batch({0: 1, 2: 4}), Batch({2: 1, 0: 1})]
+    prefix = first_token_prefix(inst, batches)
+    done = complete_schedule(inst, prefix, Constraints(no_chunk=True))
+    assert done is not None
+    validate(inst, done)
+    assert all(b.evict != (2,) for b in done.batches)

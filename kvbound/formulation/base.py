@@ -235,7 +235,8 @@ def complete_schedule(instance: Instance, batches: list[Batch], constraints: Con
     """`batches` followed by batches that finish every request, meeting `constraints`: each batch
     serves the unfinished requests with the least work left first while C, P, M and the batch-size
     cap allow (decode-only or prefill-only batches under no_hybrid; whole prefills under no_chunk);
-    when nothing fits, all but one request are evicted (if allowed; else None). Used after models
+    when nothing fits, all but one request are evicted (if allowed and, under no_chunk, refillable in one
+    chunk; else None). Used after models
     that stop at the first tokens, whose objective the completion does not change."""
     st = ReplayState(instance)
     for bt in batches:
@@ -274,7 +275,11 @@ def complete_schedule(instance: Instance, batches: list[Batch], constraints: Con
         if tokens:
             bt = Batch(tokens, (), None)
         else:
-            victims = tuple(i for i in order[1:] if st.m[i] > 0)  # keep the request with the least work left
+            # keep the request with the least work left, unless another could never be refilled: under
+            # no_chunk an evicted request recomputes all S tokens in one chunk, so only S <= min(P, C) may go
+            refillable = [i for i in order if not constraints.no_chunk or st.prompt[i] + st.n[i] <= P]
+            keep = next((i for i in order if st.m[i] > 0 and i not in refillable), order[0])
+            victims = tuple(i for i in refillable if i != keep and st.m[i] > 0)
             if constraints.no_evict or not victims:
                 return None
             bt = Batch({}, victims, None)

@@ -9,9 +9,11 @@
 """
 from __future__ import annotations
 
+from ..deadline import Deadline
 from ..formulation.base import Constraints
 from ..schedulers import run_scheduler
-from .api import Result, objective_value, solve
+from .api import Result, solve_with
+from .options import SolveOptions
 
 _EPS = 1e-9
 
@@ -23,13 +25,13 @@ def _summary(res: Result) -> dict:
             "schedule": res.schedule.to_json() if res.schedule else None}
 
 
-def better_than(instance, scheduler: str, percent: float, objective: str, backend: str, time_limit: float,
-                formulation: str = "auto") -> dict:
+def better_than(instance, scheduler: str, percent: float, options: SolveOptions, deadline: Deadline | None = None) -> dict:
+    objective = options.objective
     base = run_scheduler(instance, scheduler)
-    reference = objective_value(base.replay.metrics, objective)
+    reference = objective.of(base.replay.metrics)
     target = reference * (1 - percent / 100.0)
     strict = percent <= 0  # "better by 0%" means strictly better
-    res = solve(instance, objective, backend, time_limit, formulation=formulation)
+    res = solve_with(instance, options, deadline)
     hyp = (f"a schedule with {objective} {'<' if strict else '<='} {target:.6g} s exists "
            f"({percent:g}% better than {scheduler}'s {reference:.6g} s)")
     found = res.objective is not None and (res.objective < target * (1 - _EPS) if strict else res.objective <= target * (1 + _EPS))
@@ -48,10 +50,13 @@ def better_than(instance, scheduler: str, percent: float, objective: str, backen
                          "optimum": _summary(res)}}
 
 
-def compare_sets(instance, name_a: str, set_a: Constraints, name_b: str, set_b: Constraints, objective: str,
-                 backend: str, time_limit: float, formulation: str = "auto") -> dict:
-    ra = solve(instance, objective, backend, time_limit / 2, constraints=set_a, formulation=formulation)
-    rb = solve(instance, objective, backend, time_limit / 2, constraints=set_b, formulation=formulation)
+def compare_sets(instance, name_a: str, set_a: Constraints, name_b: str, set_b: Constraints, options: SolveOptions,
+                 deadline: Deadline | None = None) -> dict:
+    """Each side gets half of the time (set A half of it, set B whatever is left)."""
+    deadline = deadline if deadline is not None else Deadline(options.time_limit)
+    objective = options.objective
+    ra = solve_with(instance, options.but(constraints=set_a), deadline.share(0.5))
+    rb = solve_with(instance, options.but(constraints=set_b), deadline)
     hyp = f"schedules under [{name_a}] reach a strictly lower {objective} than any schedule under [{name_b}]"
     if ra.objective is not None and rb.bound_certified and ra.objective < rb.lower_bound * (1 - _EPS):
         verdict = "proved"

@@ -5,11 +5,14 @@ from __future__ import annotations
 import math
 import time
 
-from ..formulation.bigm import build_bigm
+from ..deadline import Deadline
 from ..formulation.base import horizon_for
-from ..formulation.bounds import Bound
+from ..formulation.bigm import build_bigm
+from ..formulation.bounds import Bound, analytic_bounds
 from ..workload import Instance
+from .api import Result, solve_with
 from .backends import solve_highs
+from .options import SolveOptions
 
 
 def lp_bound(instance: Instance, objective: str, upper_bound: float, time_limit: float = 60.0) -> Bound:
@@ -21,3 +24,17 @@ def lp_bound(instance: Instance, objective: str, upper_bound: float, time_limit:
     value = out.bound / form.objective_scale() if out.status == "optimal" else -math.inf
     return Bound("LP relaxation (bigm)", value, time.perf_counter() - t0, certified and out.status == "optimal",
                  note=f"horizon J = {J}: {why}")
+
+
+def lower_bounds(instance: Instance, options: SolveOptions, deadline: Deadline | None = None) -> tuple[list[Bound], Result]:
+    """Every lower bound kvbound has, cheapest first: the analytic ones, the LP relaxation of the
+    Big-M model and the MILP dual bound; and the solve that gave the MILP bound (and the upper bound
+    the LP's horizon needs). The MILP gets half of the time, the LP what is left."""
+    deadline = deadline if deadline is not None else Deadline(options.time_limit)
+    bounds = list(analytic_bounds(instance, options.objective))
+    res = solve_with(instance, options, deadline.share(0.5))
+    if res.objective is not None:
+        bounds.append(lp_bound(instance, options.objective, res.objective, max(0.5, deadline.remaining())))
+    bounds.append(Bound(f"MILP dual bound ({res.solver}, {res.formulation}, {res.backend_seconds:.3g} s)",
+                        res.solver_bound, res.backend_seconds, res.bound_certified, f"horizon J = {res.horizon}"))
+    return bounds, res
