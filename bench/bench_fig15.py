@@ -18,10 +18,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from tqdm import tqdm  # noqa: E402
+
 from kvbound import load_case  # noqa: E402
+from kvbound.analysis.sweep import ResultsTable  # noqa: E402
+from kvbound.fileio import write_atomic  # noqa: E402
 from kvbound.formulation.base import Constraints  # noqa: E402
+from kvbound.solvers.options import SolveOptions  # noqa: E402
 from kvbound.solvers.prove import compare_sets  # noqa: E402
-from resumable import run_points, write_text_atomic  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 FIG15 = [f"cases/fig15/fig15_I{2 ** k}.toml" for k in range(11)]
@@ -34,8 +38,8 @@ MACHINE = f"{os.cpu_count()}-core CPU"
 def run_case(case: str, time_limit: float, formulation: str) -> dict:
     inst = load_case(ROOT / case)
     t0 = time.perf_counter()
-    out = compare_sets(inst, "default", Constraints(), "no-evict", Constraints(no_evict=True), "total_latency", "highs",
-                       time_limit, formulation)
+    options = SolveOptions("total_latency", "highs", formulation, time_limit)
+    out = compare_sets(inst, "default", Constraints(), "no-evict", Constraints(no_evict=True), options)
     a, b = out["evidence"]["default"], out["evidence"]["no-evict"]
     return {"case": case, "I": inst.requests[0].prompt, "time_limit_s": time_limit, "formulation": a["formulation"],
             "evict_status": a["status"], "evict_objective_s": a["objective"], "evict_bound_s": a["lower_bound"],
@@ -62,7 +66,7 @@ def write_markdown(rows: list[dict], path: Path) -> None:
         lines.append(f"| {r['I']} | {num(r['evict_objective_s'])} | {r['evict_status']} | {num(r['evict_bound_s'])} | "
                      f"{r['evict_evictions']} | {num(r['no_evict_objective_s'])} | {r['no_evict_status']} | "
                      f"**{r['verdict']}** | {r['seconds']} |")
-    write_text_atomic(path, lines)
+    write_atomic(path, "\n".join(lines) + "\n")
 
 
 def main(argv=None) -> int:
@@ -74,8 +78,11 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     out = Path(args.out)
     cases = args.cases.split(",")
-    done = run_points(out, COLUMNS, [(c, args.time_limit, args.formulation) for c in cases], lambda p: p[0],
-                      lambda row: row["case"], run_case, "fig15 cases")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    table = ResultsTable(out, COLUMNS, key="case")  # a re-run skips the cases already there
+    for case in tqdm([c for c in cases if c not in table.done], desc="fig15 cases", unit="pt"):
+        table.append([run_case(case, args.time_limit, args.formulation)])  # on disk before the next case starts
+    done = {row["case"]: row for row in table.rows}
     write_markdown([done[c] for c in cases if c in done], out.with_suffix(".md"))
     print(f"wrote {out} and {out.with_suffix('.md')}")
     return 0

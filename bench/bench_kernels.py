@@ -18,6 +18,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from kvbound.fileio import write_atomic  # noqa: E402
+
 
 def _median_ms(torch, fn, runs: int = 20) -> float:
     for _ in range(3):
@@ -68,7 +70,7 @@ def main() -> int:
         del k_cache, v_cache
     text = "\n".join(lines) + "\n"
     print(text)
-    (ROOT / "bench" / "results" / "kernels.md").write_text(text)
+    write_atomic(ROOT / "bench" / "results" / "kernels.md", text)
     return 0
 
 

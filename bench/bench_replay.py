@@ -35,6 +35,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from kvbound.fileio import write_atomic  # noqa: E402
+
 RESULTS = ROOT / "bench" / "results"
 TARGETS = {"cpu": (0.05, 0.10, None), "cuda": (0.03, 0.055, 0.12)}  # total, mean per batch, max per batch
 _SCHEDULES_PREFIX = "kvbound-replay-schedules-"
@@ -111,8 +115,8 @@ def main() -> int:
                                            data["mean_batch_relative_error"], data["max_batch_relative_error"],
                                            "yes" if ok else "no"))))
 
-    _write_atomic(RESULTS / f"{stem}.csv", _csv(rows))
-    _write_atomic(RESULTS / f"{stem}.md", _markdown(args, shape, rows, calibrations, log, time.perf_counter() - t0))
+    write_atomic(RESULTS / f"{stem}.csv", _csv(rows))
+    write_atomic(RESULTS / f"{stem}.md", _markdown(args, shape, rows, calibrations, log, time.perf_counter() - t0))
     print(f"written: {RESULTS / f'{stem}.md'}, {RESULTS / f'{stem}.csv'}")
     return 0
 
@@ -157,12 +161,6 @@ def _markdown(args, shape: str, rows: list[dict], calibrations: list[str], log: 
     lines += ["", "Commands (the profile, calibrate and replay lines run once per round):", "", "```",
               *dict.fromkeys(log), "```", ""]
     return "\n".join(lines)
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
 
 
 if __name__ == "__main__":

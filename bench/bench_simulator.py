@@ -23,7 +23,6 @@ import io
 import os
 import platform
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -32,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from kvbound import Schedule, load_case, run_scheduler, validate  # noqa: E402
 from kvbound.errors import SchedulerRefused  # noqa: E402
+from kvbound.fileio import write_atomic  # noqa: E402
 
 DEFAULT_CASE = ROOT / "cases" / "splitwise_conv_full.toml"
 # sarathi is the target; the vLLM presets are tried as asked (they refuse prompts longer than C = 4096,
@@ -64,19 +64,6 @@ def bench_one(instance, spec: str) -> dict:
                total_latency_s=f"{m.total_latency:.3f}", mean_latency_s=f"{m.mean_latency:.3f}",
                simulate_s=f"{t1 - t0:.2f}", validate_s=f"{t2 - t1:.2f}")
     return row
-
-
-def write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", newline="") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def markdown(rows: list[dict], case: Path, instance) -> str:
@@ -128,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     writer = csv.DictWriter(out, fieldnames=COLUMNS, lineterminator="\n")
     writer.writeheader()
     writer.writerows(rows)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
     write_atomic(args.out_dir / "simulator.csv", out.getvalue())
     write_atomic(args.out_dir / "simulator.md", markdown(rows, args.case.resolve(), instance))
     print(f"wrote {args.out_dir / 'simulator.md'} and simulator.csv")

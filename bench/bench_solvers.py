@@ -18,11 +18,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from tqdm import tqdm  # noqa: E402
+
 from kvbound import load_case, run_scheduler  # noqa: E402
-from kvbound.formulation import FORMULATION_KINDS
+from kvbound.analysis.sweep import ResultsTable  # noqa: E402
+from kvbound.fileio import write_atomic  # noqa: E402
+from kvbound.formulation import FORMULATION_KINDS  # noqa: E402
 from kvbound.formulation.base import horizon_for  # noqa: E402
 from kvbound.solvers.api import MODEL_LIMIT, solve  # noqa: E402
-from resumable import run_points, write_text_atomic  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 FIG15 = [f"cases/fig15/fig15_I{2 ** k}.toml" for k in range(11)]
@@ -53,7 +56,7 @@ def run_point(case: str, objective: str, formulation: str, backend: str, time_li
     return {
         "case": case, "requests": len(inst), "objective": objective, "formulation": formulation, "backend": backend,
         "time_limit_s": time_limit, "status": res.status, "objective_s": res.objective,
-        "lower_bound_s": res.lower_bound, "certified": res.bound_certified,
+        "lower_bound_s": res.lower_bound, "certified": str(res.bound_certified),  # True/False, as the CSV has it
         "gap": "" if res.gap is None else f"{res.gap:.6f}", "seconds": f"{res.seconds:.2f}",
         "time_to_optimal_s": f"{res.seconds:.2f}" if res.status == "optimal" else "",
         "best_source": res.source, "evictions": res.metrics.evictions if res.metrics else "",
@@ -84,7 +87,7 @@ def write_markdown(rows: list[dict], path: Path) -> None:
                      f"{r['time_limit_s']} | {r['status']} | {num(r['objective_s'])} | {num(r['lower_bound_s'])} | {gap} | "
                      f"{r['time_to_optimal_s']} | {r['evictions']} | {r['horizon']} | {r['variables']} |")
     lines += _speedups(rows)
-    write_text_atomic(path, lines)
+    write_atomic(path, "\n".join(lines) + "\n")
 
 
 def _speedups(rows: list[dict]) -> list[str]:
@@ -120,7 +123,11 @@ def main(argv=None) -> int:
     points = [(c, args.objective, f, b, args.time_limit) for c in args.cases.split(",")
               for f in args.formulations.split(",") for b in args.backends.split(",")]
     point_key = lambda p: _key(dict(zip(("case", "objective", "formulation", "backend", "time_limit_s"), p)))  # noqa: E731
-    done = run_points(out, COLUMNS, points, point_key, _key, run_point, "solver points")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    table = ResultsTable(out, COLUMNS, key=_key)  # a re-run skips the points already there
+    for p in tqdm([p for p in points if point_key(p) not in table.done], desc="solver points", unit="pt"):
+        table.append([run_point(*p)])  # on disk before the next point starts
+    done = {_key(row): row for row in table.rows}
     rows = [done[point_key(p)] for p in points]
     write_markdown(rows, out.with_suffix(".md"))
     print(f"wrote {out} and {out.with_suffix('.md')}")

@@ -10,6 +10,8 @@ import os
 import tempfile
 from pathlib import Path
 
+from .errors import InputError
+
 
 def write_atomic(path: str | Path, data: str | bytes, *, encoding: str = "utf-8") -> Path:
     """Write `data` (text or bytes) to `path` atomically; returns the path."""
@@ -30,6 +32,14 @@ def write_atomic(path: str | Path, data: str | bytes, *, encoding: str = "utf-8"
             pass
         raise
     return path
+
+
+def write_user_file(path: str | Path, data: str | bytes) -> Path:
+    """`write_atomic` for a file the user named: a failed write is bad input naming the file (exit 2)."""
+    try:
+        return write_atomic(path, data)
+    except OSError as exc:
+        raise InputError(str(path), "", f"cannot write file: {exc.strerror or exc}") from None
 
 
 def write_json_atomic(path: str | Path, data) -> Path:

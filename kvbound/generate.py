@@ -17,9 +17,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import os
 import shlex
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +25,7 @@ import numpy as np
 from .costs import PRESETS
 from .costs.presets import DEFAULT_PRESET
 from .errors import InputError
+from .fileio import write_user_file
 from .workload import Request
 
 # --------------------------------------------------------------------------- trace fit
@@ -68,20 +67,20 @@ def max_output(prompt, kv_capacity: int, context: int = DEFAULT_CONTEXT):
 
 def _check_options(requests: int, seed: int, rate: float | None, kv_capacity: int, max_batch_tokens: int,
                    context: int, preset: str) -> None:
-    def positive_int(flag, value, least=1):
+    def positive_int(field, value, least=1):
         if not isinstance(value, int) or isinstance(value, bool) or value < least:
-            raise InputError(flag, "", f"must be an integer >= {least}, got {value!r}")
+            raise InputError("", field, f"must be an integer >= {least}, got {value!r}")
 
-    positive_int("--requests", requests)
-    positive_int("--seed", seed, 0)
-    positive_int("--kv-capacity", kv_capacity)
-    positive_int("--max-batch-tokens", max_batch_tokens)
-    positive_int("--context", context, 2)
+    positive_int("requests", requests)
+    positive_int("seed", seed, 0)
+    positive_int("kv_capacity", kv_capacity)
+    positive_int("max_batch_tokens", max_batch_tokens)
+    positive_int("context", context, 2)
     if rate is not None and (not isinstance(rate, (int, float)) or isinstance(rate, bool)
                              or not math.isfinite(rate) or rate <= 0):
-        raise InputError("--rate", "", f"must be a finite number > 0 (requests per second), got {rate!r}")
+        raise InputError("", "rate", f"must be a finite number > 0 (requests per second), got {rate!r}")
     if preset not in PRESETS:
-        raise InputError("--preset", "", f"unknown preset {preset!r}; known: {', '.join(PRESETS)}")
+        raise InputError("", "preset", f"unknown preset {preset!r}; known: {', '.join(PRESETS)}")
 
 
 def generate_requests(requests: int, seed: int, *, rate: float | None = None,
@@ -172,28 +171,6 @@ def generate_case_text(requests: int, seed: int, *, rate: float | None = None, k
                      arrivals=rate is not None)
 
 
-def write_text_atomic(path: str | Path, text: str) -> None:
-    """Write to a temporary file in the same folder, then rename over `path`."""
-    path = Path(path)
-    folder = path.parent
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
-    except OSError as exc:
-        raise InputError(str(path), "", f"cannot write file: {exc.strerror or exc}") from None
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException as exc:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        if isinstance(exc, OSError):
-            raise InputError(str(path), "", f"cannot write file: {exc.strerror or exc}") from None
-        raise
-
-
 # --------------------------------------------------------------------------- shipped families
 
 FIG15_PROMPTS = tuple(2 ** k for k in range(11))  # 1, 2, 4, ..., 1024
@@ -278,7 +255,7 @@ def write_shipped_cases(root: str | Path) -> list[Path]:
     for rel, text in shipped_cases().items():
         path = root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(path, text)
+        write_user_file(path, text)
         written.append(path)
     return written
 

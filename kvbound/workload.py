@@ -229,6 +229,14 @@ def read_toml(path: str | Path) -> dict:
         raise InputError(source, "", f"malformed TOML: {exc}") from None
 
 
+def load_cost_file(path: str | Path) -> CostModel:
+    """The [cost] table of a TOML file (a `kvbound calibrate` output or a case file)."""
+    data = read_toml(path)
+    if not isinstance(data.get("cost"), dict):
+        raise InputError(str(path), "cost", "missing section [cost]")
+    return parse_cost(str(path), data["cost"])
+
+
 def parse_case(data: dict, source: str = "<case>", base_dir: Path | None = None) -> Instance:
     _check_keys(source, "", data, _TOP_KEYS)
     for key in ("name", "description"):

@@ -6,7 +6,6 @@ from __future__ import annotations
 import ast
 import json
 import math
-from pathlib import Path
 
 import networkx as nx
 import numpy as np

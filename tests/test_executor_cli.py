@@ -11,10 +11,9 @@ import numpy as np
 import pytest
 
 from kvbound.costs import CostModel
-from kvbound.engine_bridge.calibrate import FEATURE_COLUMNS, TIME_COLUMN, calibrate
-from kvbound.engine_bridge.cli import load_cost_file
+from kvbound.costs.calibrate import FEATURE_COLUMNS, TIME_COLUMN, calibrate
 from kvbound.schedulers import run_scheduler
-from kvbound.workload import load_case
+from kvbound.workload import load_case, load_cost_file
 
 from .conftest import REPO
 

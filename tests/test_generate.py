@@ -11,6 +11,7 @@ import pytest
 from kvbound import load_case
 from kvbound.cli import main
 from kvbound.costs import PRESETS
+from kvbound.fileio import write_user_file
 from kvbound.generate import (
     OUTPUT_LOG_MU,
     OUTPUT_LOG_SIGMA,
@@ -26,7 +27,6 @@ from kvbound.generate import (
     max_output,
     max_prompt,
     shipped_cases,
-    write_text_atomic,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -185,6 +185,6 @@ def test_unwritable_output_is_an_error(tmp_path, capsys):
 def test_write_text_atomic_replaces_and_leaves_no_temp(tmp_path):
     path = tmp_path / "f.toml"
     path.write_text("old\n")
-    write_text_atomic(path, "new\n")
+    write_user_file(path, "new\n")
     assert path.read_text() == "new\n"
     assert [p.name for p in tmp_path.iterdir()] == ["f.toml"]

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from kvbound.analysis import sweep as sweep_mod
 from kvbound.analysis.sweep import COLUMNS, load_spec, read_results, run_sweep
+from kvbound.analysis.sweep import run as sweep_run
 from kvbound.schedulers import run_scheduler
 
 REPO = Path(__file__).resolve().parents[1]
@@ -189,7 +189,7 @@ def test_sweep_rows_are_compare_rows(cli, spec_file, tmp_path):
 
 def test_interrupted_sweep_resumes_without_recomputing_or_losing_points(spec_file, tmp_path, monkeypatch):
     spec = load_spec(spec_file())
-    real = sweep_mod.evaluate_point
+    real = sweep_run.evaluate_point
     calls: list[str] = []
 
     def crash_after_three(point):
@@ -198,14 +198,14 @@ def test_interrupted_sweep_resumes_without_recomputing_or_losing_points(spec_fil
         calls.append(point.key)
         return real(point)
 
-    monkeypatch.setattr(sweep_mod, "evaluate_point", crash_after_three)
+    monkeypatch.setattr(sweep_run, "evaluate_point", crash_after_three)
     with pytest.raises(KeyboardInterrupt):
         run_sweep(spec, tmp_path / "out", workers=1, progress=False)
     assert_complete(tmp_path / "out" / "results.csv", 3)
     first = list(calls)
 
     calls.clear()
-    monkeypatch.setattr(sweep_mod, "evaluate_point", lambda p: (calls.append(p.key), real(p))[1])
+    monkeypatch.setattr(sweep_run, "evaluate_point", lambda p: (calls.append(p.key), real(p))[1])
     result = run_sweep(spec, tmp_path / "out", workers=1, progress=False)
     assert (result.ran, result.skipped) == (3, 3)
     assert not set(calls) & set(first) and len(calls) == 3  # nothing computed twice
@@ -221,8 +221,8 @@ def test_a_torn_last_line_redoes_only_that_point(spec_file, tmp_path, monkeypatc
     text = path.read_text()
     path.write_text(text[:-25])  # the machine died in the middle of the last point's last line
     torn_point = csv_rows(path)[-1]["point"]
-    real, calls = sweep_mod.evaluate_point, []
-    monkeypatch.setattr(sweep_mod, "evaluate_point", lambda p: (calls.append(p.key), real(p))[1])
+    real, calls = sweep_run.evaluate_point, []
+    monkeypatch.setattr(sweep_run, "evaluate_point", lambda p: (calls.append(p.key), real(p))[1])
     result = run_sweep(spec, tmp_path / "out", workers=1, progress=False, plots=False)
     assert calls == [torn_point] and result.skipped == 5
     assert_complete(path, 6)

@@ -21,11 +21,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from ..deadline import Deadline
 from ..errors import InputError, SchedulerRefused, SchedulerStuck
-from ..objective import OBJECTIVES
+from ..formulation.bounds import analytic_bounds
 from ..schedule import Metrics, Schedule, validate
 from ..schedulers import FAST_HEURISTICS, SCHEDULERS, get_scheduler, simulate
-from ..formulation.bounds import analytic_bounds
+from ..solvers.options import SolveOptions
 from ..workload import Instance
 
 #: the keys of one row of `kvbound compare --json` (a contract), in order
@@ -154,28 +155,35 @@ def resolve_schedulers(schedulers) -> list[str]:
         schedulers = [s.strip() for s in schedulers.split(",") if s.strip()]
     names = list(dict.fromkeys(schedulers))
     if not names:
-        raise InputError("--schedulers", "", "no scheduler named; give all or a comma list")
+        raise InputError("", "schedulers", "no scheduler named; give all or a comma list")
     for spec in names:
         get_scheduler(spec)  # raises InputError naming the bad one
     return names
 
 
-def compare(instance: Instance, schedulers="all", *, solve: bool = False, objective: str = "total_latency",
-            time_limit: float = 60.0, solver: str = "highs", formulation: str = "auto") -> ComparisonTable:
-    """One row per scheduler (plus `optimal` when `solve`), gaps to the best certified bound and best schedule."""
-    if objective not in OBJECTIVES:
-        raise InputError("--objective", "", f"unknown objective {objective!r}; choose from {', '.join(OBJECTIVES)}")
+def compare(instance: Instance, schedulers="all", *, solve: bool = False, options: SolveOptions | None = None,
+            deadline: Deadline | None = None, objective: str | None = None, time_limit: float | None = None,
+            solver: str | None = None, formulation: str | None = None) -> ComparisonTable:
+    """One row per scheduler (plus `optimal` when `solve`), gaps to the best certified bound and best schedule.
+
+    `options` say how to solve and which objective the gaps are on (default: `SolveOptions()`);
+    `objective`, `time_limit`, `solver` and `formulation`, where given, replace single options.
+    `deadline` (default: the time limit from the start of the solve) bounds the solve.
+    """
+    changes = {"objective": objective, "time_limit": time_limit, "backend": solver, "formulation": formulation}
+    options = (options or SolveOptions()).but(**{k: v for k, v in changes.items() if v is not None})
+    objective = options.objective.value
     names = resolve_schedulers(schedulers)
     rows = [_run(instance, name) for name in names]
     # analytic bounds hold for every schedule; a solver bound only when its horizon is certified
     bounds = [(b.value, b.name) for b in analytic_bounds(instance, objective) if b.certified and math.isfinite(b.value)]
     result = None
     if solve:
-        from ..solvers.api import solve as run_solver
+        from ..solvers.api import solve_with
 
         # warm-start from the compared schedulers too, so the optimum row is never worse than any of them
         warm = list(dict.fromkeys([*FAST_HEURISTICS, *names]))
-        result = run_solver(instance, objective, solver, time_limit, warm_start=warm, formulation=formulation)
+        result = solve_with(instance, options.but(warm_start=warm), deadline)
         if result.schedule is not None:
             replay = validate(instance, Schedule.from_json(result.schedule.to_json()))
             best_row = ComparisonRow(OPTIMAL, replay.metrics, result.schedule, status=result.status)

@@ -22,6 +22,7 @@ import math
 from pathlib import Path
 
 from ..errors import InputError
+from ..fileio import write_json_atomic
 from ..schedule import Batch, Schedule, ScheduleError
 from ..workload import Instance
 from .roles import schedule_roles
@@ -150,8 +151,6 @@ def _id_list(source: str, where: str, ids) -> list[int]:
 
 def export_precomputed(instance: Instance, schedule_path: str | Path, out: str | Path) -> dict:
     """Read a schedule JSON, validate it on `instance` and write the paper's form to `out`."""
-    from ..schedule import write_json_atomic
-
     data = to_precomputed(instance, Schedule.load(schedule_path))
     write_json_atomic(out, data)
     return data

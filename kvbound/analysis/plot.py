@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InputError
+from ..fileio import save_figure_atomic
 from ..schedule import Schedule
 from ..workload import Instance
 from .roles import DECODE, EVICT, PREFILL, schedule_roles
@@ -32,23 +33,26 @@ DETAIL_BATCHES = 150
 ROW_LIMIT = 250
 
 
-def check_out_path(out: str | Path, flag: str = "--out") -> Path:
+def check_out_path(out: str | Path, field: str = "out") -> Path:
+    """`out` as an image path; `field` names the argument that gave it in the error."""
     path = Path(out)
     if path.suffix.lower() not in FORMATS:
-        raise InputError(flag, str(out), f"the file name must end in {', '.join(FORMATS)}")
+        raise InputError("", field, f"{out}: the file name must end in {', '.join(FORMATS)}")
     if not path.parent.is_dir():
-        raise InputError(flag, str(out), f"folder {str(path.parent)!r} does not exist")
+        raise InputError("", field, f"{out}: folder {str(path.parent)!r} does not exist")
     return path
 
 
-def save(fig, out: str | Path | None, flag: str = "--out") -> None:
-    if out is None:
-        return
-    path = check_out_path(out, flag)
-    # render to a temporary name beside the target, then rename: no half-written image is ever visible
-    tmp = path.with_name(f".{path.name}.tmp{path.suffix}")
-    fig.savefig(tmp, dpi=150)
-    tmp.replace(path)
+def save(fig, out: str | Path | None, field: str = "out") -> None:
+    if out is not None:
+        save_figure_atomic(fig, check_out_path(out, field), dpi=150)
+
+
+def series_order(rows: list[dict], only=None) -> list[str]:
+    """The schedulers of result rows in order of appearance, the optimal row first; only those in `only`."""
+    names = list(dict.fromkeys(r["scheduler"] for r in rows))
+    names.sort(key=lambda s: s != "optimal")
+    return [s for s in names if only is None or s in only]
 
 
 def _time_unit(total: float) -> tuple[float, str]:
@@ -293,7 +297,7 @@ def plot_comparison(table, out: str | Path | None = None, *, title: str | None =
     ax.set_xlabel(f"{obj.replace('_', ' ')} ({unit}); gap = (value - bound) / value")
     ax.grid(axis="x", alpha=0.3)
     ax.set_title(title or f"{obj.replace('_', ' ')} by scheduler", loc="left", fontsize=10, pad=20)
-    save(fig, out, "--plot")
+    save(fig, out)
     return fig
 
 
@@ -319,8 +323,6 @@ def plot_sweep(rows: list[dict], plot, facets: list[str], out: str | Path | None
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
     from matplotlib.ticker import FuncFormatter, MaxNLocator
-
-    from .sweep import series_order
 
     series = series_order(rows, plot.schedulers)
     groups: dict[tuple, list[dict]] = {}

@@ -41,10 +41,10 @@ SHAPES: dict[str, ModelShape] = {
 def model_shape(name: str, layers: int | None = None) -> ModelShape:
     """The named shape, with `layers` decoder layers instead of its own when given."""
     if name not in SHAPES:
-        raise InputError("--shape", "", f"unknown shape {name!r}; known: {', '.join(SHAPES)}")
+        raise InputError("", "shape", f"unknown shape {name!r}; known: {', '.join(SHAPES)}")
     shape = SHAPES[name]
     if layers is not None:
         if layers < 1:
-            raise InputError("--layers", "", f"must be >= 1, got {layers}")
+            raise InputError("", "layers", f"must be >= 1, got {layers}")
         shape = dataclasses.replace(shape, layers=layers)
     return shape

@@ -1,9 +1,9 @@
 """PNG figures of a calibration and of a replay (matplotlib, headless Agg backend)."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
+
+from ..fileio import save_figure_atomic
 
 
 def _pyplot():
@@ -11,13 +11,6 @@ def _pyplot():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     return plt
-
-
-def _save(fig, path: str | Path) -> None:
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp.png")
-    fig.savefig(tmp, dpi=110)
-    tmp.replace(path)
 
 
 def plot_calibration(path, predicted: np.ndarray, measured: np.ndarray, held_out: np.ndarray, title: str,
@@ -55,7 +48,7 @@ def plot_calibration(path, predicted: np.ndarray, measured: np.ndarray, held_out
         ax.grid(True, alpha=0.3)
         ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
-    _save(fig, path)
+    save_figure_atomic(fig, path, dpi=110)
     plt.close(fig)
 
 
@@ -78,5 +71,5 @@ def plot_replay(path, predicted: np.ndarray, measured: np.ndarray, title: str) -
     bottom.grid(True, alpha=0.3)
     bottom.legend()
     fig.tight_layout()
-    _save(fig, path)
+    save_figure_atomic(fig, path, dpi=110)
     plt.close(fig)

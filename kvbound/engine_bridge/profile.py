@@ -8,6 +8,7 @@ composition, the batch's six cost features (docs/semantics.md section 6) and its
 from __future__ import annotations
 
 import csv
+import io
 import itertools
 from dataclasses import astuple, dataclass
 from pathlib import Path
@@ -16,7 +17,8 @@ import numpy as np
 from tqdm import tqdm
 
 from ..costs import batch_features
-from .calibrate import FEATURE_COLUMNS, TIME_COLUMN
+from ..costs.calibrate import FEATURE_COLUMNS, TIME_COLUMN
+from ..fileio import write_atomic
 from .executor import Executor
 from .sequence import Sequence
 
@@ -98,12 +100,10 @@ def run_profile(executor: Executor, points: list[Composition], *, repeat: int = 
 
 
 def write_profile_csv(path: str | Path, rows: list[tuple]) -> None:
-    """Write to a temporary file beside `path`, then rename: never half a file."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", newline="", encoding="utf-8") as handle:
-        writer = csv.writer(handle)
-        writer.writerow((*COMPOSITION_COLUMNS, *FEATURE_COLUMNS, TIME_COLUMN))
-        for row in rows:
-            writer.writerow([f"{v:.9g}" if isinstance(v, float) else v for v in row])
-    tmp.replace(path)
+    """The profile CSV, written atomically: never half a file."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow((*COMPOSITION_COLUMNS, *FEATURE_COLUMNS, TIME_COLUMN))
+    for row in rows:
+        writer.writerow([f"{v:.9g}" if isinstance(v, float) else v for v in row])
+    write_atomic(path, buffer.getvalue())

@@ -5,25 +5,19 @@ import json
 import math
 import sys
 
-from ..cli import positive
+from ..deadline import Deadline
 from ..errors import InputError
+from ..fileio import write_json_atomic
 from ..formulation.base import Constraints
-from ..objective import OBJECTIVES
-from ..schedule import write_json_atomic
 from ..schedulers import FAST_HEURISTICS, SCHEDULERS
+from ..solvers.api import solve_with
 from ..workload import load_case
-from .api import FORMULATIONS, solve
-from .backends import BACKENDS
+from .args import add_backend, add_objective, add_time_limit, positive, solve_options
 
 
 def register(sub) -> None:
     p = sub.add_parser("solve", help="optimal schedule and certified lower bound (MILP)")
     _common(p)
-    p.add_argument("--solver", default="highs", choices=BACKENDS)
-    p.add_argument("--formulation", default="auto", choices=FORMULATIONS,
-                   help="chain: per-class state network with one arc per token (strong, size ~ I); network: one "
-                        "arc per chunk (size ~ I^2); bigm: the seed paper's model; auto (default): chain while it "
-                        "is small enough, else bigm")
     p.add_argument("--warm-start", default=",".join(FAST_HEURISTICS),
                    help="heuristics whose best valid schedule seeds the solver (comma list), or none")
     p.add_argument("--no-evict", action="store_true", help="forbid evictions")
@@ -37,15 +31,11 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_solve)
 
     p = sub.add_parser("bound", help="lower bounds on the optimal latency, cheapest first")
-    _common(p)
-    p.add_argument("--solver", default="highs", choices=BACKENDS, help="backend for the MILP dual bound")
-    p.add_argument("--formulation", default="auto", choices=FORMULATIONS)
+    _common(p, solver_help="backend for the MILP dual bound")
     p.set_defaults(func=cmd_bound)
 
     p = sub.add_parser("prove", help="prove or refute a hypothesis with a witness schedule or a bound")
     _common(p)
-    p.add_argument("--solver", default="highs", choices=BACKENDS)
-    p.add_argument("--formulation", default="auto", choices=FORMULATIONS)
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--better-than", metavar="SCHEDULER",
                    help="hypothesis: a schedule at least --by percent better than this scheduler exists")
@@ -57,11 +47,12 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_prove)
 
 
-def _common(p) -> None:
+def _common(p, solver_help: str | None = None) -> None:
     p.add_argument("case")
-    p.add_argument("--objective", default="total_latency", choices=OBJECTIVES)
-    p.add_argument("--time-limit", type=positive(float), default=60.0, help="seconds (default 60)")
+    add_objective(p)
+    add_time_limit(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_backend(p, solver_help)
 
 
 def _warm(text: str):
@@ -79,29 +70,31 @@ def _fmt(v) -> str:
 
 
 def cmd_solve(args) -> int:
+    deadline = Deadline(args.time_limit)
+    constraints = Constraints(no_evict=args.no_evict, no_chunk=args.no_chunk, no_hybrid=args.no_hybrid,
+                              max_batch_size=args.max_batch_size)
+    options = solve_options(args, warm_start=_warm(args.warm_start), horizon=args.horizon, constraints=constraints,
+                            verbose=args.verbose, export=args.export)
     instance = load_case(args.case)
-    cons = Constraints(no_evict=args.no_evict, no_chunk=args.no_chunk, no_hybrid=args.no_hybrid,
-                       max_batch_size=args.max_batch_size)
-    res = solve(instance, args.objective, args.solver, args.time_limit, _warm(args.warm_start), args.formulation,
-                cons, args.horizon, verbose=args.verbose, export=args.export)
+    res = solve_with(instance, options, deadline)
     if args.out and res.schedule is not None:
         write_json_atomic(args.out, res.schedule.to_json())
     if args.json:
         json.dump(res.to_json(), sys.stdout)
         print()
         return 0
-    print(f"{instance.name or args.case}: {args.objective}, solver {res.solver}, formulation {res.formulation}")
+    print(f"{instance.name or args.case}: {options.objective}, solver {res.solver}, formulation {res.formulation}")
     print(f"  status       {res.status}")
     print(f"  objective    {_fmt(res.objective)} s  (best schedule from {res.source or 'none'}, exact by the validator)")
     print(f"  lower bound  {_fmt(res.lower_bound)} s  ({'certified' if res.bound_certified else 'conditional on the horizon'})")
     print(f"  gap          {'n/a' if res.gap is None else f'{100 * res.gap:.3f}%'}")
-    print(f"  horizon      J = {res.stats['horizon']}: {res.stats['horizon_reason']}")
-    if res.stats.get("constraints"):
-        print(f"  constraints  {'; '.join(res.stats['constraints'])}")
-    if res.stats.get("skipped"):
-        print(f"  solver       not run: {res.stats['skipped']}; the bound is analytic")
-    print(f"  warm start   {res.stats['warm_start'] or 'none'} (accepted by the solver: {res.stats['warm_start_accepted']})")
-    print(f"  time         {res.seconds:.2f} s (model build {res.stats['build_seconds']:.2f} s)")
+    print(f"  horizon      J = {res.horizon}: {res.horizon_reason}")
+    if res.constraints:
+        print(f"  constraints  {'; '.join(res.constraints)}")
+    if res.backend_stats.get("skipped"):
+        print(f"  solver       not run: {res.backend_stats['skipped']}; the bound is analytic")
+    print(f"  warm start   {res.warm_start or 'none'} (accepted by the solver: {res.warm_start_accepted})")
+    print(f"  time         {res.seconds:.2f} s (model build {res.build_seconds:.2f} s)")
     if args.export:
         print(f"  model written to {args.export}")
     if args.out and res.schedule is not None:
@@ -110,29 +103,20 @@ def cmd_solve(args) -> int:
 
 
 def cmd_bound(args) -> int:
-    from ..formulation.bounds import analytic_bounds
-    from .relaxation import lp_bound
+    from ..solvers.relaxation import lower_bounds
 
+    deadline = Deadline(args.time_limit)
+    options = solve_options(args)
+    objective = options.objective
     instance = load_case(args.case)
-    bounds = list(analytic_bounds(instance, args.objective))
-    res = None
-    # the LP and MILP need an upper bound for a certified horizon: the MILP run provides it
-    res = solve(instance, args.objective, args.solver, args.time_limit, formulation=args.formulation)
-    if res.objective is not None:
-        bounds.append(lp_bound(instance, args.objective, res.objective, args.time_limit))
-    milp = res.stats.get("solver_bound")
-    from ..formulation.bounds import Bound
-
-    bounds.append(Bound(f"MILP dual bound ({args.solver}, {res.formulation}, {args.time_limit:g} s)",
-                        milp if isinstance(milp, (int, float)) else -math.inf, res.stats["backend_seconds"],
-                        res.bound_certified, f"horizon J = {res.stats['horizon']}"))
+    bounds, res = lower_bounds(instance, options, deadline)
     certified = [b.value for b in bounds if b.certified and math.isfinite(b.value)]
     best = max(certified) if certified else None
     if args.json:
-        print(json.dumps({"objective_name": args.objective, "bounds": [b.to_json() for b in bounds], "best": best,
+        print(json.dumps({"objective_name": objective, "bounds": [b.to_json() for b in bounds], "best": best,
                           "best_known": res.objective}))
         return 0
-    print(f"{instance.name or args.case}: lower bounds on {args.objective}")
+    print(f"{instance.name or args.case}: lower bounds on {objective}")
     width = max(len(b.name) for b in bounds)
     for b in bounds:
         tag = "" if b.certified else "  (conditional)"
@@ -163,17 +147,18 @@ def parse_constraint_set(text: str) -> Constraints:
 
 
 def cmd_prove(args) -> int:
-    from .prove import compare_sets, better_than
+    from ..solvers.prove import better_than, compare_sets
 
+    deadline = Deadline(args.time_limit)
+    options = solve_options(args)
     instance = load_case(args.case)
+    if args.compare and not args.vs:
+        raise InputError("--vs", "", "--compare needs --vs B")
     if args.better_than:
-        out = better_than(instance, args.better_than, args.by, args.objective, args.solver, args.time_limit,
-                          args.formulation)
+        out = better_than(instance, args.better_than, args.by, options, deadline)
     else:
-        if not args.vs:
-            raise InputError("--vs", "", "--compare needs --vs B")
         out = compare_sets(instance, args.compare, parse_constraint_set(args.compare), args.vs,
-                           parse_constraint_set(args.vs), args.objective, args.solver, args.time_limit, args.formulation)
+                           parse_constraint_set(args.vs), options, deadline)
     if args.json:
         print(json.dumps(out))
         return 0

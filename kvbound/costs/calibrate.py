@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import nnls
 
-from ..costs import FEATURES, CostModel
+from .model import FEATURES, CostModel
 from ..errors import InputError, KvboundError
 
 #: the profile CSV's feature columns, in the order of FEATURES (the coefficient each multiplies)

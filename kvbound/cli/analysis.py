@@ -6,19 +6,18 @@ command needs them. An invalid schedule (plot, export, import) is exit status 1,
 """
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from pathlib import Path
 
-from ..cli import positive
+from ..deadline import Deadline
 from ..schedule import Schedule, ScheduleError
+from ..workload import load_case
+from .args import add_backend, add_objective, add_time_limit, positive, solve_options
 
 
 def register(sub) -> None:
-    from ..objective import OBJECTIVES
-    from ..solvers.api import FORMULATIONS
-    from ..solvers.backends import BACKENDS
-
     p = sub.add_parser(
         "compare", help="every scheduler (and optionally the optimum) on one case: metrics and gaps",
         description="One row per scheduler: latency, TTFT and TPOT (mean and p99), batches, evictions, recomputed "
@@ -29,10 +28,9 @@ def register(sub) -> None:
     p.add_argument("case")
     p.add_argument("--schedulers", default="all", help="all (default) or a comma list, e.g. vllm,sarathi:prefill_limit=256")
     p.add_argument("--solve", action="store_true", help="also solve for the optimum (row 'optimal') and its bound")
-    p.add_argument("--objective", default="total_latency", choices=OBJECTIVES, help="the value gaps are measured on")
-    p.add_argument("--time-limit", type=positive(float), default=60.0, help="solver seconds with --solve (default 60)")
-    p.add_argument("--solver", default="highs", choices=BACKENDS)
-    p.add_argument("--formulation", default="auto", choices=FORMULATIONS)
+    add_objective(p, "the value gaps are measured on")
+    add_time_limit(p, "solver seconds with --solve")
+    add_backend(p)
     p.add_argument("--plot", metavar="OUT.png", help="also draw a bar chart (.png, .svg or .pdf)")
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="print one JSON object")
@@ -74,23 +72,32 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_import)
 
 
-def _invalid(source: str, exc: ScheduleError) -> int:
-    print(f"error: {source}: invalid schedule: {exc}", file=sys.stderr)
-    return 1
+def invalid_schedule_exits_1(schedule_arg: str):
+    """A command whose schedule (the argument `schedule_arg`) breaks the semantics says so and exits 1."""
+    def wrap(command):
+        @functools.wraps(command)
+        def run(args) -> int:
+            try:
+                return command(args)
+            except ScheduleError as exc:
+                print(f"error: {getattr(args, schedule_arg)}: invalid schedule: {exc}", file=sys.stderr)
+                return 1
+        return run
+    return wrap
 
 
 def cmd_compare(args) -> int:
-    from ..workload import load_case
-    from .compare import compare
-    from .plot import check_out_path, plot_comparison
+    from ..analysis.compare import compare
+    from ..analysis.plot import check_out_path, plot_comparison
 
+    deadline = Deadline(args.time_limit)
+    options = solve_options(args)
     if args.plot:
-        check_out_path(args.plot, "--plot")  # before a long solve, not after
+        check_out_path(args.plot, "plot")  # before a long solve, not after
     instance = load_case(args.case)
-    table = compare(instance, args.schedulers, solve=args.solve, objective=args.objective,
-                    time_limit=args.time_limit, solver=args.solver, formulation=args.formulation)
+    table = compare(instance, args.schedulers, solve=args.solve, options=options, deadline=deadline)
     if args.plot:
-        plot_comparison(table, args.plot, title=f"{instance.name or args.case}: {args.objective.replace('_', ' ')}")
+        plot_comparison(table, args.plot, title=f"{instance.name or args.case}: {options.objective.replace('_', ' ')}")
     if args.json:
         print(json.dumps(table.to_json()))
     elif args.markdown:
@@ -103,23 +110,19 @@ def cmd_compare(args) -> int:
     return 0
 
 
+@invalid_schedule_exits_1("schedule")
 def cmd_plot(args) -> int:
-    from ..workload import load_case
-    from .plot import check_out_path, plot_schedule
+    from ..analysis.plot import check_out_path, plot_schedule
 
     check_out_path(args.out)
     instance = load_case(args.case)
-    schedule = Schedule.load(args.schedule)
-    try:
-        plot_schedule(instance, schedule, args.out, title=args.title)
-    except ScheduleError as exc:
-        return _invalid(args.schedule, exc)
+    plot_schedule(instance, Schedule.load(args.schedule), args.out, title=args.title)
     print(f"chart written to {args.out}")
     return 0
 
 
 def cmd_sweep(args) -> int:
-    from .sweep import load_spec, run_sweep
+    from ..analysis.sweep import load_spec, run_sweep
 
     spec = load_spec(args.spec)
     out = Path(args.out or Path("sweep-results") / spec.name)
@@ -133,27 +136,20 @@ def cmd_sweep(args) -> int:
     return 0
 
 
+@invalid_schedule_exits_1("schedule")
 def cmd_export(args) -> int:
-    from ..workload import load_case
-    from .interop import export_precomputed
+    from ..analysis.interop import export_precomputed
 
-    instance = load_case(args.case)
-    try:
-        data = export_precomputed(instance, args.schedule, args.out)
-    except ScheduleError as exc:
-        return _invalid(args.schedule, exc)
+    data = export_precomputed(load_case(args.case), args.schedule, args.out)
     print(f"wrote {args.out}: {len(data['batches'])} batches, {len(data['requests'])} requests (precomputed form)")
     return 0
 
 
+@invalid_schedule_exits_1("precomputed")
 def cmd_import(args) -> int:
-    from ..workload import load_case
-    from .interop import import_precomputed
+    from ..analysis.interop import import_precomputed
 
     instance = load_case(args.case)
-    try:
-        schedule = import_precomputed(instance, args.precomputed, args.out)
-    except ScheduleError as exc:
-        return _invalid(args.precomputed, exc)
+    schedule = import_precomputed(instance, args.precomputed, args.out)
     print(f"wrote {args.out}: {len(schedule.batches)} batches, valid on {instance.name or args.case}")
     return 0

@@ -12,15 +12,22 @@ from pathlib import Path
 
 import numpy as np
 
-from ..cli import positive
+from ..engine_bridge.config import SHAPES
 from ..errors import InputError, KvboundError
+from ..fileio import write_user_file
 from ..schedule import Schedule, ScheduleError, validate
-from ..workload import load_case, parse_cost, read_toml
-from .config import SHAPES
+from ..workload import load_case, load_cost_file
+from .args import positive
 
-#: reference data beside the repository (see ../shared/data/README.md), read by `calibrate`
-DEFAULT_PROFILING = Path(__file__).resolve().parents[3] / "shared" / "data" / "profiling"
+#: where `calibrate` looks for GPU operator profiles unless --profiling names a folder
+PROFILING_ENV = "KVBOUND_PROFILING"
+#: without the variable: the reference data beside the repository (../shared/data, see its README.md)
+REPO_PROFILING = Path(__file__).resolve().parents[3] / "shared" / "data" / "profiling"  # kvbound/cli/executor.py
 _OPERATOR_LAYERS = 32  # Llama-2-7B and Llama-3-8B both have 32 layers
+
+
+def default_profiling() -> Path:
+    return Path(os.environ.get(PROFILING_ENV) or REPO_PROFILING)
 
 
 def register(sub) -> None:
@@ -35,9 +42,10 @@ def register(sub) -> None:
     p.add_argument("profile", help="CSV written by `kvbound profile`")
     p.add_argument("--out", required=True, help="write the [cost] table here (TOML)")
     p.add_argument("--plot", help="write a PNG of the fit here")
-    p.add_argument("--profiling", default=str(DEFAULT_PROFILING),
+    p.add_argument("--profiling", default=str(default_profiling()),
                    help="folder of GPU operator profiles (<gpu>/<model>/mlp.csv) to fit per_token and intercept to "
-                        "as well (default: ../shared/data/profiling; skipped if absent)")
+                        f"as well (default: ${PROFILING_ENV}, else ../shared/data/profiling beside the repository; "
+                        "skipped if absent)")
     p.add_argument("--seed", type=int, default=0, help="seed of the held-out split")
     p.set_defaults(func=cmd_calibrate)
 
@@ -79,14 +87,14 @@ def _torch(device: str):
 
 
 def _shape(args):
-    from .config import model_shape
+    from ..engine_bridge.config import model_shape
     return model_shape(args.shape or ("tiny" if args.device == "cpu" else "llama-2-7b"), args.layers)
 
 
 def cmd_profile(args) -> int:
     torch = _torch(args.device)
-    from .executor import Executor
-    from .profile import grid, run_profile, write_profile_csv
+    from ..engine_bridge.executor import Executor
+    from ..engine_bridge.profile import grid, run_profile, write_profile_csv
 
     shape = _shape(args)
     torch.set_num_threads(args.threads)
@@ -111,7 +119,7 @@ def cmd_profile(args) -> int:
 def cmd_calibrate(args) -> int:
     from ..costs import FEATURES
     from ..costs.operator_profiles import fit_operator_profile
-    from .calibrate import calibrate, cost_toml, read_profile
+    from ..costs.calibrate import calibrate, cost_toml, read_profile
 
     features, seconds = read_profile(args.profile)
     cal = calibrate(features, seconds, seed=args.seed)
@@ -145,16 +153,10 @@ def cmd_calibrate(args) -> int:
     comment = (f"kvbound calibrate {args.profile}: {len(seconds)} batches, {len(cal.held_out)} held out: "
                f"R^2 {held.r2:.4f}, relative error mean {held.mean_relative_error:.1%}, "
                f"max {held.max_relative_error:.1%}")
-    out = Path(args.out)
-    tmp = out.with_name(out.name + ".tmp")
-    try:
-        tmp.write_text(cost_toml(cal.cost, comment), encoding="utf-8")
-        tmp.replace(out)
-    except OSError as exc:
-        raise InputError(str(out), "", f"cannot write: {exc.strerror or exc}") from None
+    out = write_user_file(args.out, cost_toml(cal.cost, comment))
     print(f"[cost] written to {out}")
     if args.plot:
-        from .plots import plot_calibration
+        from ..engine_bridge.plots import plot_calibration
         lines = [(f"{name} (R$^2$ {op.r2:.4f})", *_operator_points(path), op.intercept, op.per_token)
                  for name, path, op in operator_fits]
         plot_calibration(args.plot, features @ cal.cost.coefficients, seconds, cal.held_out,
@@ -174,14 +176,6 @@ def _operator_points(path: Path) -> tuple[np.ndarray, np.ndarray]:
     return tokens, seconds
 
 
-def load_cost_file(path: str):
-    """The [cost] table of a TOML file (a calibrate output or a case file)."""
-    data = read_toml(path)
-    if not isinstance(data.get("cost"), dict):
-        raise InputError(path, "cost", "missing section [cost]")
-    return parse_cost(path, data["cost"])
-
-
 def cmd_replay(args) -> int:
     instance = load_case(args.case)
     schedule = Schedule.load(args.schedule)
@@ -192,7 +186,7 @@ def cmd_replay(args) -> int:
     cost = load_cost_file(args.cost) if args.cost else instance.cost
     shape = _shape(args)
     torch = _torch(args.device)
-    from .executor import Executor
+    from ..engine_bridge.executor import Executor
 
     torch.set_num_threads(args.threads)
     executor = Executor.for_instance(instance, shape, device=args.device, seed=args.seed)
@@ -220,7 +214,7 @@ def cmd_replay(args) -> int:
     else:
         _print_replay(args, shape, result, predicted, measured, rel, summary)
     if args.plot:
-        from .plots import plot_replay
+        from ..engine_bridge.plots import plot_replay
         plot_replay(args.plot, predicted, measured,
                     f"{instance.name or args.case} on {args.device} ({shape.name}, {shape.layers} layers): total "
                     f"error {summary['total_relative_error']:.1%}, mean batch error "

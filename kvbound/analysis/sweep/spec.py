@@ -1,0 +1,315 @@
+"""A sweep's spec (TOML, docs/sweeps.md): the grid of case parameters or case files, the
+schedulers, the objectives and whether to solve; expanded into points (one case and one
+objective each), every point keyed by a hash of everything that determines its result.
+"""
+from __future__ import annotations
+
+import ast
+import glob
+import hashlib
+import itertools
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ...costs import PRESETS
+from ...costs.presets import DEFAULT_PRESET
+from ...errors import InputError
+from ...objective import OBJECTIVES
+from ...solvers.options import SolveOptions
+from ...workload import Instance, Request, SystemConfig, _check_keys, load_case, read_toml
+from ..compare import METRIC_COLUMNS, resolve_schedulers
+
+# grid keys in the order the product runs over them (the first varies slowest)
+CASE_KEYS = ("case", "prompt", "output", "requests")
+SYSTEM_KEYS = ("kv_capacity", "max_batch_tokens", "max_prefill_tokens", "block_size")
+GRID_KEYS = CASE_KEYS + SYSTEM_KEYS + ("preset",)
+#: expression names: what each grid key is called inside an expression (available once computed)
+SYMBOLS = {"prompt": "I", "output": "O", "requests": "N", "kv_capacity": "M", "max_batch_tokens": "C",
+           "max_prefill_tokens": "P", "block_size": "b"}
+RUN_KEYS = {"schedulers", "objectives", "solve", "time_limit", "solver", "formulation"}
+PLOT_KEYS = {"x", "y", "objective", "schedulers", "logx", "logy", "title"}
+#: the parameter columns of a point's result rows
+PARAM_COLUMNS = ("case",) + GRID_KEYS[1:] + ("objective",)
+#: run.time_limit, seconds per solve, when the spec names none (sweeps run many points: shorter than `kvbound solve`'s)
+DEFAULT_TIME_LIMIT = 10.0
+
+
+@dataclass(frozen=True)
+class PlotSpec:
+    x: str
+    y: tuple[str, ...]
+    objective: str
+    schedulers: tuple[str, ...] | None = None  # None: every series
+    logx: bool = False
+    logy: bool = False
+    title: str = ""
+
+
+@dataclass
+class SweepSpec:
+    name: str
+    source: str
+    grid: dict[str, list]  # grid key -> values (numbers, expressions, presets or case paths)
+    schedulers: list[str]
+    objectives: list[str]
+    solve: bool = False
+    time_limit: float = DEFAULT_TIME_LIMIT
+    solver: str = SolveOptions.backend
+    formulation: str = SolveOptions.formulation
+    plots: list[PlotSpec] = field(default_factory=list)
+    description: str = ""
+
+    def points(self) -> list["Point"]:
+        """Every (case, objective) point, in grid order."""
+        keys = [k for k in GRID_KEYS if k in self.grid]
+        cases: dict[str, Instance] = {}  # each case file is read once, whatever else varies
+        out = []
+        for combo in itertools.product(*(self.grid[k] for k in keys)):
+            values = dict(zip(keys, combo))
+            if "case" in values and values["case"] not in cases:
+                cases[values["case"]] = load_case(values["case"])
+            params, instance = self._instance(values, cases.get(values.get("case")))
+            for objective in self.objectives:
+                run = {"objective": objective, "schedulers": self.schedulers, "solve": self.solve}
+                if self.solve:
+                    run.update(time_limit=self.time_limit, solver=self.solver, formulation=self.formulation)
+                out.append(Point(point_key(instance, run), {**params, "objective": objective}, instance, run,
+                                 self.solve_options(objective)))
+        return out
+
+    def solve_options(self, objective: str) -> SolveOptions:
+        """How `compare()` solves a point of `objective` (when `solve`)."""
+        return SolveOptions(objective, backend=self.solver, formulation=self.formulation, time_limit=self.time_limit)
+
+    def _instance(self, values: dict, base: Instance | None) -> tuple[dict, Instance]:
+        """The case of one grid combination (`base`: its case file, if any) and its parameter columns."""
+        names: dict[str, float] = {}
+        params = dict.fromkeys(PARAM_COLUMNS[:-1], "")
+        if base is not None:
+            params["case"] = base.name or Path(values["case"]).stem
+            params["requests"] = names["N"] = len(base)
+        else:
+            for key in ("prompt", "output", "requests"):
+                params[key] = names[SYMBOLS[key]] = self._value(key, values[key], names)
+            params["case"] = f"I{params['prompt']}_O{params['output']}_N{params['requests']}"
+        system = {}
+        for key in SYSTEM_KEYS:
+            if key in values:
+                system[key] = self._value(key, values[key], names)
+            elif base is not None:
+                system[key] = getattr(base.system, key)
+            elif key == "max_prefill_tokens":
+                system[key] = system["max_batch_tokens"]
+            else:  # block_size (M and C are required without case files)
+                system[key] = 1
+            names[SYMBOLS[key]] = system[key]
+            params[key] = system[key]
+        preset = values.get("preset")
+        params["preset"] = preset or ""
+        cost = PRESETS[preset] if preset else base.cost
+        requests = base.requests if base is not None else (Request(params["prompt"], params["output"]),) * params["requests"]
+        name = params["case"]
+        try:
+            return params, Instance(tuple(requests), SystemConfig(**system), cost, name, source=f"{self.source}: {name}")
+        except InputError as exc:  # e.g. a grid point whose M cannot hold a request
+            raise InputError(self.source, "grid", f"point {_describe(params)}: {exc.field}: {exc.problem}") from None
+
+    def _value(self, key: str, value, names: dict) -> int:
+        if isinstance(value, str):
+            value = evaluate(value, names, self.source, f"grid.{key}")
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise InputError(self.source, f"grid.{key}", f"must be an integer >= 1, got {value!r}")
+        return value
+
+
+def _describe(params: dict) -> str:
+    return ", ".join(f"{k} = {v}" for k, v in params.items() if v != "")
+
+
+@dataclass
+class Point:
+    key: str
+    params: dict  # the parameter columns of its rows
+    instance: Instance
+    run: dict  # objective, schedulers and solver settings: what the key hashes
+    options: SolveOptions  # the same solver settings, as compare() takes them
+
+
+def point_key(instance: Instance, run: dict) -> str:
+    """A stable hash of everything that determines a point's rows: the case's content and the run settings.
+
+    Case files enter by content (requests, system, costs), not by path, so editing a case
+    reruns its points and moving it does not.
+    """
+    s = instance.system
+    data = {
+        "requests": [[r.prompt, r.output, r.arrival] for r in instance.requests],
+        "system": [s.kv_capacity, s.max_batch_tokens, s.max_prefill_tokens, s.block_size],
+        "cost": [float(v) for v in instance.cost.coefficients],
+        "run": run,
+    }
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def load_spec(path: str | Path) -> SweepSpec:
+    path = Path(path)
+    return parse_spec(read_toml(path), str(path), path.parent)
+
+
+def parse_spec(data: dict, source: str = "<spec>", base_dir: Path = Path(".")) -> SweepSpec:
+    _check_keys(source, "", data, {"name", "description", "grid", "run", "plot"})
+    for key in ("name", "description"):
+        if key in data and not isinstance(data[key], str):
+            raise InputError(source, key, f"must be a string, got {data[key]!r}")
+    if "grid" not in data:
+        raise InputError(source, "grid", "missing section [grid]")
+    grid_table = data["grid"]
+    _check_keys(source, "grid", grid_table, set(GRID_KEYS))
+    grid = {k: (v if isinstance(v, list) else [v]) for k, v in grid_table.items()}
+    for key, values in grid.items():
+        if not values:
+            raise InputError(source, f"grid.{key}", "an empty list gives no points")
+    if "case" in grid:
+        clash = [k for k in ("prompt", "output", "requests") if k in grid]
+        if clash:
+            raise InputError(source, f"grid.{clash[0]}", "give either case files (grid.case) or prompt/output/requests")
+        grid["case"] = _case_files(source, grid["case"], base_dir)
+    else:
+        for key in ("prompt", "output", "requests", "kv_capacity", "max_batch_tokens"):
+            if key not in grid:
+                raise InputError(source, f"grid.{key}", "missing (or give case files in grid.case)")
+        grid.setdefault("preset", [DEFAULT_PRESET])
+    for key, values in grid.items():
+        for v in values:
+            if key == "preset":
+                if v not in PRESETS:
+                    raise InputError(source, "grid.preset", f"unknown preset {v!r}; known: {', '.join(PRESETS)}")
+            elif key != "case" and (isinstance(v, bool) or not isinstance(v, (int, float, str))):
+                raise InputError(source, f"grid.{key}", f"must be a number or an expression string, got {v!r}")
+    run = data.get("run", {})
+    _check_keys(source, "run", run, RUN_KEYS)
+    try:
+        schedulers = resolve_schedulers(run.get("schedulers", "all"))
+    except InputError as exc:
+        # run.schedulers is the field; a scheduler's own error keeps the name of the scheduler it is about
+        detail = exc.problem if exc.field in ("", "schedulers") else f"{exc.field}: {exc.problem}"
+        raise InputError(source, "run.schedulers", detail) from None
+    objectives = run.get("objectives", ["total_latency"])
+    objectives = [objectives] if isinstance(objectives, str) else objectives
+    if not isinstance(objectives, list) or not objectives or any(o not in OBJECTIVES for o in objectives):
+        raise InputError(source, "run.objectives", f"must list objectives from {', '.join(OBJECTIVES)}, got {objectives!r}")
+    solve = run.get("solve", False)
+    if not isinstance(solve, bool):
+        raise InputError(source, "run.solve", f"must be true or false, got {solve!r}")
+    time_limit = run.get("time_limit", DEFAULT_TIME_LIMIT)
+    if isinstance(time_limit, bool) or not isinstance(time_limit, (int, float)) or not (math.isfinite(time_limit) and time_limit > 0):
+        raise InputError(source, "run.time_limit", f"must be a finite number of seconds > 0, got {time_limit!r}")
+    from ...solvers.api import FORMULATIONS
+    from ...solvers.backends import BACKENDS
+
+    solver = run.get("solver", SolveOptions.backend)
+    if solver not in BACKENDS:
+        raise InputError(source, "run.solver", f"unknown solver {solver!r}; choose from {', '.join(BACKENDS)}")
+    formulation = run.get("formulation", SolveOptions.formulation)
+    if formulation not in FORMULATIONS:
+        raise InputError(source, "run.formulation", f"unknown formulation {formulation!r}; choose from {', '.join(FORMULATIONS)}")
+    spec = SweepSpec(data.get("name", Path(source).stem), source, grid, schedulers, list(objectives), solve,
+                     float(time_limit), solver, formulation, description=data.get("description", ""))
+    spec.plots = _plots(source, data.get("plot", []), spec)
+    return spec
+
+
+def _case_files(source: str, patterns: list, base_dir: Path) -> list[str]:
+    files: list[str] = []
+    for pattern in patterns:
+        if not isinstance(pattern, str):
+            raise InputError(source, "grid.case", f"must be paths or glob patterns, got {pattern!r}")
+        full = pattern if Path(pattern).is_absolute() else str(base_dir / pattern)
+        matches = sorted(glob.glob(full))
+        if not matches:
+            raise InputError(source, "grid.case", f"{pattern!r} matches no file (relative to {base_dir})")
+        files.extend(m for m in matches if m not in files)
+    return files
+
+
+def _plots(source: str, entries, spec: SweepSpec) -> list[PlotSpec]:
+    if isinstance(entries, dict):
+        entries = [entries]
+    if not isinstance(entries, list):
+        raise InputError(source, "plot", "must be an array of tables ([[plot]])")
+    varying = [k for k in GRID_KEYS if len(spec.grid.get(k, ())) > 1]
+    if not entries:  # default: each objective over the first grid key with several values
+        x = varying[0] if varying else ("case" if "case" in spec.grid else "prompt")
+        return [PlotSpec(x, (o, "gap_to_best"), o, logx=_is_doubling(spec.grid.get(x, [])))
+                for o in spec.objectives]
+    plots = []
+    y_allowed = set(METRIC_COLUMNS) | {"gap_to_bound", "gap_to_best"}
+    for k, entry in enumerate(entries):
+        where = f"plot[{k}]"
+        _check_keys(source, where, entry, PLOT_KEYS)
+        x = entry.get("x")
+        if x not in GRID_KEYS or x not in spec.grid:
+            raise InputError(source, f"{where}.x", f"must be a key of [grid] ({', '.join(spec.grid)}), got {x!r}")
+        y = entry.get("y", [spec.objectives[0]])
+        y = [y] if isinstance(y, str) else y
+        if not isinstance(y, list) or not y or any(v not in y_allowed for v in y):
+            raise InputError(source, f"{where}.y", f"must name columns from {', '.join(sorted(y_allowed))}, got {y!r}")
+        objective = entry.get("objective", spec.objectives[0])
+        if objective not in spec.objectives:
+            raise InputError(source, f"{where}.objective", f"must be one of run.objectives {spec.objectives}, got {objective!r}")
+        schedulers = entry.get("schedulers")
+        if schedulers is not None:
+            known = set(spec.schedulers) | {"optimal"}
+            if not isinstance(schedulers, list) or any(s not in known for s in schedulers):
+                raise InputError(source, f"{where}.schedulers", f"must list names from run.schedulers (or optimal), got {schedulers!r}")
+            schedulers = tuple(schedulers)
+        for flag in ("logx", "logy"):
+            if not isinstance(entry.get(flag, False), bool):
+                raise InputError(source, f"{where}.{flag}", "must be true or false")
+        title = entry.get("title", "")
+        if not isinstance(title, str):
+            raise InputError(source, f"{where}.title", "must be a string")
+        plots.append(PlotSpec(x, tuple(y), objective, schedulers, entry.get("logx", False), entry.get("logy", False), title))
+    return plots
+
+
+def _is_doubling(values) -> bool:
+    nums = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0]
+    return len(nums) >= 3 and len(nums) == len(values) and max(nums) / min(nums) >= 16
+
+
+_FUNCS = {"max": max, "min": min, "ceil": math.ceil, "floor": math.floor}
+_OPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
+        ast.Div: lambda a, b: a / b, ast.FloorDiv: lambda a, b: a // b, ast.Pow: lambda a, b: a ** b}
+
+
+def evaluate(expr: str, names: dict, source: str = "", where: str = "") -> float:
+    """An arithmetic expression over the grid symbols, e.g. "max(2*I, I + O - 1)"; nothing else is evaluated."""
+    def ev(node):
+        if isinstance(node, ast.Expression):
+            return ev(node.body)
+        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
+            return node.value
+        if isinstance(node, ast.Name):
+            if node.id not in names:
+                raise InputError(source, where, f"{expr!r}: unknown name {node.id!r}; available here: "
+                                 f"{', '.join(names) or 'none'}")
+            return names[node.id]
+        if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+            return _OPS[type(node.op)](ev(node.left), ev(node.right))
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            return -ev(node.operand)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _FUNCS and not node.keywords:
+            return _FUNCS[node.func.id](*(ev(a) for a in node.args))
+        raise InputError(source, where, f"{expr!r}: only numbers, {', '.join(SYMBOLS.values())}, + - * / // ** "
+                         f"and {', '.join(_FUNCS)}() are allowed")
+    try:
+        return ev(ast.parse(expr, mode="eval"))
+    except SyntaxError:
+        raise InputError(source, where, f"{expr!r} is not an expression") from None
+    except (ZeroDivisionError, OverflowError, TypeError, ValueError) as exc:
+        raise InputError(source, where, f"{expr!r}: {exc}") from None

@@ -1,0 +1,114 @@
+"""`kvbound simulate`, `validate`, `schedulers` and `generate`."""
+from __future__ import annotations
+
+import json
+import sys
+
+from ..fileio import write_json_atomic, write_user_file
+from ..schedule import Metrics, Schedule, ScheduleError, validate
+from ..schedulers import SCHEDULERS, run_scheduler
+from ..workload import load_case
+
+
+def register(sub) -> None:
+    p = sub.add_parser("simulate", help="run one heuristic scheduler on a case and print its metrics")
+    p.add_argument("case")
+    p.add_argument("--scheduler", required=True, help="a name from `kvbound schedulers`, optionally name:key=value,...")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--out", help="write the schedule JSON here")
+    p.set_defaults(func=cmd_simulate)
+
+    p = sub.add_parser("validate", help="replay a schedule under the semantics; exit 1 if it breaks a rule")
+    p.add_argument("case")
+    p.add_argument("schedule")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("schedulers", help="list the schedulers")
+    p.set_defaults(func=cmd_schedulers)
+
+    p = sub.add_parser("generate", help="write a seeded synthetic case file with trace-like lengths")
+    p.add_argument("--requests", type=int, required=True, help="number of requests")
+    p.add_argument("--seed", type=int, required=True)
+    p.add_argument("--rate", type=float, help="Poisson arrivals, requests per second (default: offline)")
+    p.add_argument("--kv-capacity", type=int, default=100_000, help="M, tokens (default 100000)")
+    p.add_argument("--max-batch-tokens", type=int, default=4096, help="C (default 4096)")
+    p.add_argument("--preset", default="llama2-7b-a100", help="cost preset (default llama2-7b-a100)")
+    p.add_argument("--context", type=int, default=4096, help="prompt + output <= this (default 4096, Llama-2)")
+    p.add_argument("--name", help="the case's name (default synthetic-N-seedS)")
+    p.add_argument("--out", required=True, help="case file to write (atomically)")
+    p.set_defaults(func=cmd_generate)
+
+
+def print_metrics(title: str, metrics: Metrics) -> None:
+    d = metrics.to_dict()
+    print(title)
+    rows = [
+        ("total latency", f"{d['total_latency']:.6g} s"),
+        ("mean latency", f"{d['mean_latency']:.6g} s  (p50 {d['p50_latency']:.6g}, p99 {d['p99_latency']:.6g})"),
+        ("mean TTFT", f"{d['mean_ttft']:.6g} s  (p50 {d['p50_ttft']:.6g}, p99 {d['p99_ttft']:.6g})"),
+        ("mean TPOT", f"{d['mean_tpot']:.6g} s  (p50 {d['p50_tpot']:.6g}, p99 {d['p99_tpot']:.6g})"),
+        ("batches", str(d["batches"])),
+        ("evictions", str(d["evictions"])),
+        ("recomputed tokens", str(d["recomputed_tokens"])),
+        ("peak KV", f"{d['peak_kv']} tokens"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        print(f"  {k:<{width}}  {v}")
+
+
+def cmd_simulate(args) -> int:
+    instance = load_case(args.case)
+    result = run_scheduler(instance, args.scheduler)
+    schedule_json = result.schedule.to_json()
+    # every schedule is checked by the validator, from its JSON form, before it is reported
+    replay = validate(instance, Schedule.from_json(schedule_json))
+    if args.out:
+        write_json_atomic(args.out, schedule_json)
+    if args.json:
+        json.dump({"scheduler": result.policy, "metrics": replay.metrics.to_dict(), "schedule": schedule_json},
+                  sys.stdout)
+        print()
+    else:
+        name = instance.name or args.case
+        print_metrics(f"{name}: scheduler {result.policy}, {len(instance)} requests", replay.metrics)
+        if args.out:
+            print(f"schedule written to {args.out}")
+    return 0
+
+
+def cmd_validate(args) -> int:
+    instance = load_case(args.case)
+    schedule = Schedule.load(args.schedule)
+    try:
+        replay = validate(instance, schedule)
+    except ScheduleError as exc:
+        if args.json:
+            print(json.dumps({"valid": False, "error": str(exc)}))
+        else:
+            print(f"invalid: {exc}")
+        return 1
+    if args.json:
+        print(json.dumps({"valid": True, "metrics": replay.metrics.to_dict()}))
+    else:
+        print_metrics(f"valid: {args.schedule} on {instance.name or args.case}", replay.metrics)
+    return 0
+
+
+def cmd_schedulers(args) -> int:
+    width = max(len(n) for n in SCHEDULERS)
+    for name, desc in SCHEDULERS.items():
+        print(f"{name:<{width}}  {desc}")
+    return 0
+
+
+def cmd_generate(args) -> int:
+    from ..generate import generate_case_text
+
+    text = generate_case_text(args.requests, args.seed, rate=args.rate, kv_capacity=args.kv_capacity,
+                              max_batch_tokens=args.max_batch_tokens, preset=args.preset, context=args.context,
+                              name=args.name, out=args.out)
+    write_user_file(args.out, text)
+    print(f"wrote {args.out}: {args.requests} requests")
+    return 0
