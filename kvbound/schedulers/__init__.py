@@ -68,20 +68,25 @@ FAST_HEURISTICS = ("vllm", "vllm-ef", "sarathi-pc", "sarathi-pc-ef", "sarathi", 
                    "mcsf-pc", "sarathi-pc-mc", "sjf-mc", "spt-waves")
 
 
+def _bad_option(where: str, problem: str) -> InputError:
+    """A bad scheduler name or option: named by the field `scheduler` (the CLI shows its flag)."""
+    return InputError("", "scheduler", f"{where}: {problem}")
+
+
 def _parse_value(spec: str, key: str, text: str, kind):
     if kind is bool:
         if text.lower() in ("true", "1", "yes", "on"):
             return True
         if text.lower() in ("false", "0", "no", "off"):
             return False
-        raise InputError("--scheduler", f"{spec}: {key}", f"expected true or false, got {text!r}")
+        raise _bad_option(f"{spec}: {key}", f"expected true or false, got {text!r}")
     try:
         if kind is int:
             return None if text.lower() == "none" else int(text)
         if kind is float:
             return float(text)
     except ValueError:
-        raise InputError("--scheduler", f"{spec}: {key}", f"expected a number, got {text!r}") from None
+        raise _bad_option(f"{spec}: {key}", f"expected a number, got {text!r}") from None
     return text
 
 
@@ -93,7 +98,7 @@ def get_scheduler(spec: str) -> Policy:
         for part in options.split(","):
             key, eq, value = part.partition("=")
             if not eq:
-                raise InputError("--scheduler", spec, f"option {part!r} is not key=value")
+                raise _bad_option(spec, f"option {part!r} is not key=value")
             overrides[key.strip()] = value.strip()
     if name in _UNIFIED:
         params, _ = _UNIFIED[name]
@@ -102,12 +107,12 @@ def get_scheduler(spec: str) -> Policy:
         values = {}
         for key, text in overrides.items():
             if key not in allowed:
-                raise InputError("--scheduler", f"{spec}: {key}", f"unknown option; allowed: {', '.join(sorted(allowed))}")
+                raise _bad_option(f"{spec}: {key}", f"unknown option; allowed: {', '.join(sorted(allowed))}")
             values[key] = _parse_value(spec, key, text, kinds.get(key, str))
         try:
             params = UnifiedParams(**{**params.__dict__, **values})
         except ValueError as exc:
-            raise InputError("--scheduler", spec, str(exc)) from None
+            raise _bad_option(spec, str(exc)) from None
         label = spec if overrides else name
         return UnifiedScheduler(label, params)
     if name in _OTHER:
@@ -115,21 +120,21 @@ def get_scheduler(spec: str) -> Policy:
         if name == "fcfs-protect":
             unknown = set(overrides) - {"alpha"}
             if unknown:
-                raise InputError("--scheduler", f"{spec}: {sorted(unknown)[0]}", "unknown option; allowed: alpha")
+                raise _bad_option(f"{spec}: {sorted(unknown)[0]}", "unknown option; allowed: alpha")
             try:
                 policy = cls(**{k: _parse_value(spec, k, v, float) for k, v in overrides.items()})
             except ValueError as exc:
-                raise InputError("--scheduler", spec, str(exc)) from None
+                raise _bad_option(spec, str(exc)) from None
         else:
             if overrides:
-                raise InputError("--scheduler", spec, f"{name} takes no options")
+                raise _bad_option(spec, f"{name} takes no options")
             policy = cls()
         policy.name = spec if overrides else name
         return policy
     import difflib
 
     hint = difflib.get_close_matches(name, list(SCHEDULERS), n=1)
-    raise InputError("--scheduler", name, "unknown scheduler" + (f" (did you mean '{hint[0]}'?)" if hint else "")
+    raise _bad_option(name, "unknown scheduler" + (f" (did you mean '{hint[0]}'?)" if hint else "")
                      + "; `kvbound schedulers` lists them")
 
 
