@@ -25,14 +25,6 @@ def bigm_size(instance: Instance, horizon: int) -> int:
     return horizon * len(instance) * (16 + 2 * bits)
 
 
-class BigMFormulation(Formulation):
-    def warm_start(self, schedule: Schedule) -> np.ndarray:
-        return _assignment(self, schedule)
-
-    def extract(self, x: np.ndarray) -> Schedule | None:
-        return _extract(self, x)
-
-
 def build_bigm(instance: Instance, objective: str = "total_latency", horizon: int = 8,
                constraints: Constraints = Constraints(), tick: float | None = None) -> Formulation:
     objective = Objective.parse(objective)
@@ -225,7 +217,7 @@ def _flat_terms(terms):
 # ------------------------------------------------------------------------------ warm starts
 
 
-def _assignment(form: BigMFormulation, schedule: Schedule) -> np.ndarray:
+def _assignment(form: "BigMFormulation", schedule: Schedule) -> np.ndarray:
     inst = form.instance
     md = form.model
     B = md.blocks
@@ -306,7 +298,7 @@ def _assignment(form: BigMFormulation, schedule: Schedule) -> np.ndarray:
     return x
 
 
-def _extract(form: BigMFormulation, x: np.ndarray) -> Schedule:
+def _extract(form: "BigMFormulation", x: np.ndarray) -> Schedule:
     inst = form.instance
     B = form.model.blocks
     N, J = len(inst), form.horizon
@@ -329,3 +321,8 @@ def _extract(form: BigMFormulation, x: np.ndarray) -> Schedule:
     if st.unfinished:
         return complete_schedule(inst, batches, form.constraints)
     return Schedule(inst.requests, batches)
+
+
+class BigMFormulation(Formulation):
+    warm_start = _assignment
+    extract = _extract

@@ -130,17 +130,6 @@ def chain_size(instance: Instance, horizon: int) -> int:
     return horizon * sum(6 * O * (I + O) for I, O, _, _ in request_classes(instance))
 
 
-class ChainFormulation(Formulation):
-    classes: list
-    terms: BatchTerms
-
-    def warm_start(self, schedule: Schedule) -> np.ndarray:
-        return _assignment(self, schedule)
-
-    def extract(self, x: np.ndarray) -> Schedule | None:
-        return _extract(self, x)
-
-
 def build_chain(instance: Instance, objective: str = "total_latency", horizon: int = 8,
                 constraints: Constraints = Constraints(), tick: float | None = None) -> ChainFormulation:
     return build_state_network(instance, objective, horizon, constraints, tick, ChainFormulation, "chain",
@@ -228,11 +217,11 @@ def _path(cl: _ChainClass, before: tuple[int, int], c: int, evicted: bool) -> li
     return arcs
 
 
-def _assignment(form: ChainFormulation, schedule: Schedule) -> np.ndarray:
+def _assignment(form: "ChainFormulation", schedule: Schedule) -> np.ndarray:
     return assign_paths(form, schedule, lambda k, cl, before, after, c, evicted: _path(cl, before, c, evicted))
 
 
-def _extract(form: ChainFormulation, x: np.ndarray) -> Schedule | None:
+def _extract(form: "ChainFormulation", x: np.ndarray) -> Schedule | None:
     inst = form.instance
     st = ReplayState(inst)
     online = "idle" in form.model.blocks
@@ -271,3 +260,10 @@ def _extract(form: ChainFormulation, x: np.ndarray) -> Schedule | None:
                     evict.append(i)
         append_model_batch(st, batches, tokens, evict, refill, online)
     return finish_extraction(form, st, batches)
+
+
+class ChainFormulation(Formulation):
+    classes: list  # the request classes and their arc columns
+    terms: BatchTerms
+    warm_start = _assignment
+    extract = _extract

@@ -94,16 +94,6 @@ def network_size(instance: Instance, horizon: int) -> int:
     return total * horizon
 
 
-class NetworkFormulation(Formulation):
-    classes: list
-
-    def warm_start(self, schedule: Schedule) -> np.ndarray:
-        return _assignment(self, schedule)
-
-    def extract(self, x: np.ndarray) -> Schedule:
-        return _extract(self, x)
-
-
 def build_network(instance: Instance, objective: str = "total_latency", horizon: int = 8,
                   constraints: Constraints = Constraints(), tick: float | None = None) -> NetworkFormulation:
     return build_state_network(instance, objective, horizon, constraints, tick, NetworkFormulation, "network",
@@ -164,7 +154,7 @@ def _add_class(md: Model, cl: _Class, k: int, J: int, free_end: bool, clock: Clo
 # ------------------------------------------------------------------------------ schedules <-> points
 
 
-def _assignment(form: NetworkFormulation, schedule: Schedule) -> np.ndarray:
+def _assignment(form: "NetworkFormulation", schedule: Schedule) -> np.ndarray:
     lookup = []
     for cl in form.classes:
         table = {}
@@ -178,7 +168,7 @@ def _assignment(form: NetworkFormulation, schedule: Schedule) -> np.ndarray:
     return assign_paths(form, schedule, transition)
 
 
-def _extract(form: NetworkFormulation, x: np.ndarray) -> Schedule:
+def _extract(form: "NetworkFormulation", x: np.ndarray) -> Schedule:
     inst = form.instance
     st = ReplayState(inst)
     online = "idle" in form.model.blocks
@@ -209,3 +199,7 @@ def _extract(form: NetworkFormulation, x: np.ndarray) -> Schedule:
     return finish_extraction(form, st, batches)
 
 
+class NetworkFormulation(Formulation):
+    classes: list  # the request classes and their transition columns
+    warm_start = _assignment
+    extract = _extract
