@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 
-from ..accounting import account_batch, is_decode_type
+from ..accounting import account_batch
 from ..schedule import Batch, ReplayState
 from ..workload import Instance
 from .base import Policy
@@ -33,7 +33,7 @@ def wave_tokens(members: list[int], m: list[int], n: list[int], prompt: list[int
     tokens: dict[int, int] = {}
     room = C
     for i in members:
-        if room >= 1 and is_decode_type(n[i], prompt[i] + n[i] - m[i]):
+        if n[i] >= 1 and room >= 1:  # a member never evicted with its first token is decode-type
             tokens[i] = 1
             room -= 1
     pre_room = min(room, P)
