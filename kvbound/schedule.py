@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .accounting import account_batch, round_to_blocks
 from .errors import InputError, KvboundError
 from .workload import Instance, Request
 
@@ -75,14 +76,8 @@ class Schedule:
         for key in data:
             if key not in ("requests", "batches"):
                 raise InputError(source, key, "unknown key; allowed: requests, batches")
-        reqs = data.get("requests")
-        if not isinstance(reqs, list):
-            raise InputError(source, "requests", "missing or not a list")
         requests = []
-        for k, r in enumerate(reqs):
-            where = f"requests[{k}]"
-            if not isinstance(r, dict):
-                raise InputError(source, where, "must be an object")
+        for k, where, r in _json_objects(source, data, "requests"):
             if r.get("id", k) != k:
                 raise InputError(source, f"{where}.id", f"must be {k} (ids are 0-based positions)")
             for key in ("prompt", "output"):
@@ -93,14 +88,8 @@ class Schedule:
             if not isinstance(a, (int, float)) or isinstance(a, bool) or not math.isfinite(a) or a < 0:
                 raise InputError(source, f"{where}.arrival", f"must be a finite number >= 0, got {a!r}")
             requests.append(Request(r["prompt"], r["output"], float(a)))
-        raw_batches = data.get("batches")
-        if not isinstance(raw_batches, list):
-            raise InputError(source, "batches", "missing or not a list")
         batches = []
-        for j, b in enumerate(raw_batches):
-            where = f"batches[{j}]"
-            if not isinstance(b, dict):
-                raise InputError(source, where, "must be an object")
+        for _, where, b in _json_objects(source, data, "batches"):
             for key in b:
                 if key not in ("start", "tokens", "evict"):
                     raise InputError(source, f"{where}.{key}", "unknown key; allowed: start, tokens, evict")
@@ -138,6 +127,18 @@ class Schedule:
         except json.JSONDecodeError as exc:
             raise InputError(str(path), "", f"malformed JSON: {exc}") from None
         return cls.from_json(data, str(path))
+
+
+def _json_objects(source: str, data: dict, key: str):
+    """(position, location for messages, object) of each entry of the list `data[key]`."""
+    entries = data.get(key)
+    if not isinstance(entries, list):
+        raise InputError(source, key, "missing or not a list")
+    for k, entry in enumerate(entries):
+        where = f"{key}[{k}]"
+        if not isinstance(entry, dict):
+            raise InputError(source, where, "must be an object")
+        yield k, where, entry
 
 
 def write_json_atomic(path: str | Path, data) -> None:
@@ -226,22 +227,40 @@ class ReplayState:
         self.ends: list[float] = []
         self.kv_trace: list[int] = []
         self.features: list[tuple] = []
+        # the requests a batch may not process: not arrived by its start yet, or finished
+        # (one set test per batch instead of two per request on the hot path)
+        self._unservable = set(range(k))
+        self._by_arrival = sorted(range(k), key=self.arrival.__getitem__)
+        self._arrived = 0  # how many of _by_arrival are out of _unservable by arrival
         s = instance.system
         self._b = s.block_size
         self._C, self._P, self._M = s.max_batch_tokens, s.max_prefill_tokens, s.kv_capacity
 
-    def _blocks(self, tokens: int) -> int:
-        b = self._b
-        return tokens if b == 1 else -(-tokens // b) * b
+    def _check_tokens(self, j: int, start: float, tokens: dict[int, int], evicted: set[int]) -> None:
+        """Raise ScheduleError for the first processing request (in batch order) that breaks a rule."""
+        m, n, prompt, arrival, finished = self.m, self.n, self.prompt, self.arrival, self.finished
+        late = start + _TIME_EPS * (1.0 + abs(start))
+        for i, c in tokens.items():
+            if not 0 <= i < len(m):
+                raise ScheduleError(j, i, "processes an unknown request id")
+            if finished[i]:
+                raise ScheduleError(j, i, "processed after it finished")
+            if arrival[i] > late:
+                raise ScheduleError(j, i, f"processed in a batch starting at {start:.9g} s, before its arrival at {arrival[i]:.9g} s")
+            if c < 1:
+                raise ScheduleError(j, i, f"processes {c} tokens; a processing request needs c >= 1 (leave it out to idle)")
+            mi = 0 if i in evicted else m[i]
+            avail = prompt[i] + n[i] - mi
+            if c > avail:
+                raise ScheduleError(j, i, f"processes {c} tokens but only {avail} are not cached (S = {prompt[i] + n[i]}, m = {mi})")
 
     def apply(self, batch: Batch) -> float:
         """Check `batch` against the semantics and advance; returns its end time. Raises ScheduleError."""
         j = self.batches_applied
         start = self.now if batch.start is None else max(self.now, batch.start)
-        m, n, prompt, arrival, finished = self.m, self.n, self.prompt, self.arrival, self.finished
+        m, n, prompt, finished = self.m, self.n, self.prompt, self.finished
         k = len(m)
         b = self._b
-        kv = self.kv_used
         tokens = batch.tokens
         seen_evict = set()
         for i in batch.evict:
@@ -256,37 +275,24 @@ class ReplayState:
                 raise ScheduleError(j, i, "evicted but holds no cached KV")
             if i in tokens:
                 raise ScheduleError(j, i, "both evicted and processed in the same batch")
-        tok = pre_tok = n_pre = 0
-        dkv = pkv = attn = 0
-        for i, c in tokens.items():
-            if not 0 <= i < k:
-                raise ScheduleError(j, i, "processes an unknown request id")
-            if finished[i]:
-                raise ScheduleError(j, i, "processed after it finished")
-            if arrival[i] > start + _TIME_EPS * (1.0 + abs(start)):
-                raise ScheduleError(j, i, f"processed in a batch starting at {start:.9g} s, before its arrival at {arrival[i]:.9g} s")
-            if c < 1:
-                raise ScheduleError(j, i, f"processes {c} tokens; a processing request needs c >= 1 (leave it out to idle)")
-            mi = 0 if i in seen_evict else m[i]
-            avail = prompt[i] + n[i] - mi
-            if c > avail:
-                raise ScheduleError(j, i, f"processes {c} tokens but only {avail} are not cached (S = {prompt[i] + n[i]}, m = {mi})")
-            tok += c
-            if n[i] >= 1 and avail == 1:
-                dkv += mi
-            else:
-                pre_tok += c
-                n_pre += 1
-                attn += c * c + 2 * mi * c
-                pkv += mi
-            if b == 1:
-                kv += c
-            else:
-                kv += -(-(mi + c) // b) * b - -(-mi // b) * b
-        freed = 0
+        late = start + _TIME_EPS * (1.0 + abs(start))  # arrivals up to this count as arrived
+        unservable, by_arrival, arrival = self._unservable, self._by_arrival, self.arrival
+        a = self._arrived
+        while a < k and arrival[by_arrival[a]] <= late:  # starts never decrease
+            a += 1
+        # Whole-batch tests at C speed (the hot path); where one fails, or the account finds a
+        # request asking for more tokens than it has uncached, _check_tokens names the culprit.
+        if tokens and (min(tokens) < 0 or max(tokens) >= k or min(tokens.values()) < 1
+                       or not (unservable.isdisjoint(tokens)
+                               or unservable.intersection(tokens).issubset(by_arrival[self._arrived:a]))):
+            self._check_tokens(j, start, tokens, seen_evict)
+        account = account_batch(tokens, m, n, prompt, seen_evict, b)
+        if account.overdrawn:
+            self._check_tokens(j, start, tokens, seen_evict)
+        tok, pre_tok = account.tokens, account.prefill_tokens
+        kv = self.kv_used + account.kv_growth
         for i in seen_evict:
-            freed += self._blocks(m[i])
-        kv -= freed
+            kv -= round_to_blocks(m[i], b)
         if tok > self._C:
             raise ScheduleError(j, None, f"processes {tok} tokens, more than max_batch_tokens C = {self._C}")
         if pre_tok > self._P:
@@ -297,33 +303,40 @@ class ReplayState:
         if kv > self.peak_kv:
             self.peak_kv = kv
         # the batch is valid: advance
+        for i in by_arrival[self._arrived:a]:
+            unservable.discard(i)
+        self._arrived = a
         for i in seen_evict:
             self.recomputed += m[i]
             self.evictions[i] += 1
             m[i] = 0
-        end = start + self.instance.cost.batch_time(tok, dkv, attn, pkv, n_pre)
+        end = start + account.time(self.instance.cost)
         output, first, completion = self.output, self.first_token, self.completion
+        generated = 0  # counted locally: an attribute update per token is a cost on the hot path
         for i, c in tokens.items():
             mi = m[i] + c
-            if mi == prompt[i] + n[i]:
-                ni = n[i] + 1
-                self.generated += 1
+            ni = n[i]
+            if mi == prompt[i] + ni:
+                ni += 1
+                generated += 1
                 n[i] = ni
                 if ni == 1:
                     first[i] = end
                 if ni == output[i]:
                     finished[i] = True
+                    unservable.add(i)
                     self.unfinished -= 1
                     completion[i] = end
-                    kv -= mi if b == 1 else -(-mi // b) * b
+                    kv -= round_to_blocks(mi, b)
                     mi = 0
             m[i] = mi
+        self.generated += generated
         if tok:
             self.nonempty_batches += 1
         self.batches_applied += 1
         self.starts.append(start)
         self.ends.append(end)
-        self.features.append((1.0 if tok else 0.0, tok, dkv, attn, pkv, n_pre))
+        self.features.append(account.features)
         self.now = end
         self.kv_used = kv
         return end

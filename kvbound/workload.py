@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .accounting import round_to_blocks
 from .costs import FEATURES, PRESETS, CostModel
 from .errors import InputError
 
@@ -44,8 +45,7 @@ class SystemConfig:
 
     def blocks(self, tokens: int) -> int:
         """KV tokens charged for `tokens` cached tokens: rounded up to whole blocks."""
-        b = self.block_size
-        return -(-tokens // b) * b
+        return round_to_blocks(tokens, self.block_size)
 
 
 @dataclass(frozen=True)

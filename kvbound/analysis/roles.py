@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..accounting import is_decode_type
 from ..schedule import Replay, ReplayState, Schedule, check_requests_match
 from ..workload import Instance
 
@@ -41,7 +42,7 @@ def schedule_roles(instance: Instance, schedule: Schedule) -> ScheduleRoles:
         for i in batch.tokens:
             if 0 <= i < len(st.m):  # an unknown id is left for apply() to reject
                 m = 0 if i in evicted else st.m[i]
-                role[i] = DECODE if st.n[i] >= 1 and st.prompt[i] + st.n[i] - m == 1 else PREFILL
+                role[i] = DECODE if is_decode_type(st.n[i], st.prompt[i] + st.n[i] - m) else PREFILL
         holding.append(tuple(sorted(cached.difference(role))))
         st.apply(batch)
         for i in role:

@@ -17,6 +17,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from ..accounting import account_batch
+
 FEATURES = (
     "intercept",
     "per_token",
@@ -75,18 +77,12 @@ class CostModel:
 
 
 def batch_features(cached, tokens, is_decode) -> np.ndarray:
-    """Six-vector of features for a batch: per-request cached m, tokens c, decode-type flags."""
-    m = np.asarray(cached, dtype=float)
-    c = np.asarray(tokens, dtype=float)
-    d = np.asarray(is_decode, dtype=bool)
-    p = ~d
-    if c.size == 0 or c.sum() <= 0:
-        return np.zeros(len(FEATURES))
-    return np.array([
-        1.0,
-        c.sum(),
-        m[d].sum(),
-        (c[p] ** 2 + 2 * m[p] * c[p]).sum(),
-        m[p].sum(),
-        float(p.sum()),
-    ])
+    """Six-vector of features for a batch: per-request cached m, tokens c, decode-type flags.
+
+    Counted by `kvbound.accounting.account_batch` (the one formula): a flagged request is
+    given the state of a decode (n = 1, S = m + 1), any other one a first prefill (n = 0).
+    """
+    cached, tokens = [int(m) for m in cached], [int(c) for c in tokens]
+    generated = [1 if decode else 0 for decode in is_decode]
+    prompt = [m if decode else m + c for m, c, decode in zip(cached, tokens, generated)]
+    return np.array(account_batch(dict(enumerate(tokens)), cached, generated, prompt).features, dtype=float)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import deque
 
+from ..accounting import block_count
 from .sequence import Sequence
 
 
@@ -27,7 +28,7 @@ class BlockManager:
         return len(self._free)
 
     def blocks_for(self, tokens: int) -> int:
-        return -(-tokens // self.block_size)
+        return block_count(tokens, self.block_size)
 
     def allocate(self, seq: Sequence, tokens: int) -> None:
         """Make `seq`'s block table hold `tokens` tokens: a fresh table, or appended blocks as it grows."""

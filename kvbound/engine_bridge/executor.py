@@ -15,13 +15,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..costs import CostModel, batch_features
+from ..accounting import block_count
+from ..costs import CostModel
 from ..schedule import ReplayState, Schedule
 from ..workload import Instance
 from .block_manager import BlockManager
 from .config import ModelShape
 from .runner import ModelRunner
-from .sequence import Sequence
+from .sequence import Sequence, work_features
 
 #: KV block size when the case's own is 1 (PagedAttention's default; a larger one only wastes part of a block)
 DEFAULT_BLOCK_SIZE = 16
@@ -98,8 +99,8 @@ class Executor:
         """An executor whose pool holds `max_tokens` KV tokens of up to `max_sequences` sequences at
         once, each of up to `max_seq_len` tokens. Each sequence may leave its last block partly
         empty, hence one spare block per sequence, plus the warm-up's."""
-        num_blocks = -(-max_tokens // block_size) + max_sequences + _WARMUP_BLOCKS
-        table_width = max(-(-max_seq_len // block_size), _WARMUP_BLOCKS)
+        num_blocks = block_count(max_tokens, block_size) + max_sequences + _WARMUP_BLOCKS
+        table_width = max(block_count(max_seq_len, block_size), _WARMUP_BLOCKS)
         runner = ModelRunner(shape, device=device, kernels=kernels, num_blocks=num_blocks, block_size=block_size,
                              table_width=table_width, seed=seed)
         return cls(runner, BlockManager(num_blocks, block_size))
@@ -196,9 +197,8 @@ class Executor:
             evict = [seqs[i] for i in batch.evict]
             work = [(seqs[i], c) for i, c in batch.tokens.items()]
             if work:
-                decode_type = [s.decode_type for s, _ in work]
-                features.append(batch_features([s.cached for s, _ in work], [c for _, c in work], decode_type))
-                decode.append(sum(decode_type))
+                features.append(work_features(work))
+                decode.append(sum(s.decode_type for s, _ in work))
                 index.append(j)
                 measured.append(self.step(work, evict).seconds)
             else:  # evictions only: no work, and no time under the cost model

@@ -16,11 +16,10 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from ..costs import batch_features
 from ..costs.calibrate import FEATURE_COLUMNS, TIME_COLUMN
 from ..fileio import write_atomic
 from .executor import Executor
-from .sequence import Sequence
+from .sequence import Sequence, work_features
 
 
 @dataclass(frozen=True)
@@ -90,8 +89,7 @@ def run_profile(executor: Executor, points: list[Composition], *, repeat: int = 
                 work = _sequences(comp, vocab, rng)
                 for seq, _ in work:
                     executor.blocks.allocate(seq, seq.cached)
-                features[k] = batch_features([s.cached for s, _ in work], [c for _, c in work],
-                                             [s.decode_type for s, _ in work])
+                features[k] = work_features(work)
                 fastest[k] = min(fastest[k], executor.step(work).seconds)
                 for seq, _ in work:
                     executor.blocks.free(seq)

@@ -3,6 +3,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from ..accounting import account_batch, is_decode_type
+
 
 @dataclass(eq=False)
 class Sequence:
@@ -30,4 +34,13 @@ class Sequence:
     @property
     def decode_type(self) -> bool:
         """Decode-type when it has generated a token and only that token is uncached (section 3)."""
-        return self.generated >= 1 and self.uncached == 1
+        return is_decode_type(self.generated, self.uncached)
+
+
+def work_features(work: list[tuple[Sequence, int]]) -> np.ndarray:
+    """The six cost features of a batch that processes c tokens of each (sequence, c), from the
+    sequences' own state (docs/semantics.md section 6)."""
+    tokens = {k: c for k, (_, c) in enumerate(work)}
+    account = account_batch(tokens, [s.cached for s, _ in work], [s.generated for s, _ in work],
+                            [s.prompt_len for s, _ in work])
+    return np.array(account.features, dtype=float)

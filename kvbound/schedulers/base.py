@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..accounting import round_to_blocks
 from ..errors import SchedulerStuck
 from ..schedule import Batch, Replay, ReplayState, Schedule, ScheduleError
 from ..workload import Instance
@@ -47,8 +48,7 @@ class Policy:
 
     # --- queues -------------------------------------------------------------------
     def blocks(self, tokens: int) -> int:
-        b = self.b
-        return tokens if b == 1 else -(-tokens // b) * b
+        return round_to_blocks(tokens, self.b)
 
     def arrive(self, i: int) -> None:
         bisect.insort(self.waiting, (self.waiting_key(i), i))
@@ -86,9 +86,7 @@ def future_kv_fits(base: np.ndarray, start: np.ndarray, last: np.ndarray, capaci
     in future batch t = 0, 1, ... while t <= last_x; is the total within `capacity` in every batch?
     Each term only grows until its request ends, so the batches where one ends are the ones to check."""
     ts = np.unique(last)
-    kv = base[None, :] + np.maximum(0, ts[:, None] - start[None, :])
-    if block > 1:
-        kv = -(-kv // block) * block
+    kv = round_to_blocks(base[None, :] + np.maximum(0, ts[:, None] - start[None, :]), block)
     return bool((np.where(last[None, :] >= ts[:, None], kv, 0).sum(axis=1) <= capacity).all())
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ..accounting import is_decode_type
 from ..schedule import Batch, ReplayState
 from ..workload import Instance
 from .base import Policy, future_kv_fits
@@ -115,7 +116,7 @@ class UnifiedScheduler(Policy):
             return [i for _, i in merged], run
         decodes, prefills = [], []
         for i in running:
-            (decodes if n[i] >= 1 and prompt[i] + n[i] - m[i] == 1 else prefills).append(i)
+            (decodes if is_decode_type(n[i], prompt[i] + n[i] - m[i]) else prefills).append(i)
         if self.params.decode_order == "longest-first":
             decodes.sort(key=lambda i: (-m[i], rank[i], i))
         else:
@@ -155,7 +156,7 @@ class UnifiedScheduler(Policy):
                 continue
             S = prompt[i] + n[i]
             remaining = S - m[i]
-            decode = running and n[i] >= 1 and remaining == 1
+            decode = running and is_decode_type(n[i], remaining)
             if not p.hybrid:
                 kind = "d" if decode else "p"
                 if phase is not None and kind != phase:
@@ -227,7 +228,7 @@ class UnifiedScheduler(Policy):
         now = np.array([tokens.get(x, 0) for x in ids])
         now[-1] = c
         rem = S - cached
-        decode = (np.array([n[x] for x in ids]) >= 1) & (rem == 1)
+        decode = is_decode_type(np.array([n[x] for x in ids]), rem)
         budget = max(1, budget)
         d = np.where(rem <= now, 1, 1 + -(-(rem - now) // budget))
         left = np.array([out[x] - n[x] for x in ids])  # tokens still to generate

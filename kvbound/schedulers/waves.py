@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 
+from ..accounting import account_batch
 from ..schedule import Batch, ReplayState
 from ..workload import Instance
 from .base import Policy
@@ -32,7 +33,7 @@ def wave_tokens(members: list[int], m: list[int], n: list[int], prompt: list[int
     tokens: dict[int, int] = {}
     room = C
     for i in members:
-        if n[i] >= 1 and room >= 1:
+        if n[i] >= 1 and room >= 1:  # a member never evicted with its first token is decode-type
             tokens[i] = 1
             room -= 1
     pre_room = min(room, P)
@@ -58,15 +59,7 @@ def wave_cost(instance: Instance, members: list[int]) -> tuple[float, float]:
     t = total = 0.0
     while live:
         tokens = wave_tokens(live, m, n, prompt, s.max_batch_tokens, s.max_prefill_tokens)
-        decode_kv = prefill_attention = prefill_kv = prefill_requests = 0
-        for i, c in tokens.items():
-            if n[i] >= 1:
-                decode_kv += m[i]
-            else:
-                prefill_attention += c * c + 2 * m[i] * c
-                prefill_kv += m[i]
-                prefill_requests += 1
-        t += cost.batch_time(sum(tokens.values()), decode_kv, prefill_attention, prefill_kv, prefill_requests)
+        t += account_batch(tokens, m, n, prompt).time(cost)
         for i, c in tokens.items():
             m[i] += c
             if m[i] >= prompt[i]:
