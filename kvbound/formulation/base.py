@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..accounting import is_decode_type, largest_batch_time
 from ..objective import Objective
 from ..schedule import Batch, ReplayState, Schedule
 from ..workload import Instance
@@ -254,7 +255,7 @@ def complete_schedule(instance: Instance, batches: list[Batch], constraints: Con
             if len(tokens) == cap:
                 break
             S = st.prompt[i] + st.n[i]
-            decode = st.n[i] >= 1 and S - st.m[i] == 1
+            decode = is_decode_type(st.n[i], S - st.m[i])
             if decode not in allowed:
                 continue
             c = 1 if decode else min(S - st.m[i], s.max_batch_tokens - tok, P - ptok)
@@ -302,13 +303,10 @@ class Clock:
 
 def add_clock(md: Model, instance: Instance, J: int, units, integral: bool) -> Clock:
     """The batch-level variables and the clock rows t_j = t_{j-1} + T_{j-1} + idle_j (with arrivals)."""
-    cost, s = instance.cost, instance.system
-    C, M, N = s.max_batch_tokens, s.kv_capacity, len(instance)
     A = instance.arrivals
     online = bool((A > 0).any())
     y = md.binary("y", J)
-    T_max = (cost.intercept + cost.per_token * C + cost.decode_kv * M + cost.prefill_attention * (C * C + 2.0 * M * C)
-             + cost.prefill_kv * M + cost.per_prefill_request * min(N, C))
+    T_max = largest_batch_time(instance.system, instance.cost, len(instance))
     T = md.add_vars("T", J, 0, units.up(T_max), integral)
     idle_max = float(A.max()) if online else 0.0
     idle = t = None

@@ -13,6 +13,7 @@ import numpy as np
 
 from ..schedule import Batch, ReplayState, Schedule
 from ..workload import Instance
+from ..accounting import account_batch, block_count, is_decode_type
 from ..objective import Objective
 from .base import (Constraints, Formulation, ModelClock, add_clock, TimeUnits, complete_schedule, first_token_prefix,
                    merge_evict_only, stops_at_first_tokens)
@@ -238,10 +239,6 @@ def _assignment(form: "BigMFormulation", schedule: Schedule) -> np.ndarray:
         n_prev = list(st.n)
         evicted = set(bt.evict)
         st.apply(Batch(bt.tokens, bt.evict, bt.start))
-        tok = ptok = npre = 0
-        dkv = pkv = att = 0
-        any_c = False
-        latest_arrival = 0.0
         bits = B["beta"].shape[2] if "beta" in B else 0
         for i in range(N):
             ci = bt.tokens.get(i, 0)
@@ -252,7 +249,7 @@ def _assignment(form: "BigMFormulation", schedule: Schedule) -> np.ndarray:
             x[B["e"][i, j]] = 1 if i in evicted else 0
             x[B["g"][i, j]] = 1 if st.n[i] > n_prev[i] else 0
             x[B["h"][i, j]] = 1 if n_prev[i] >= 1 else 0
-            dec = ci >= 1 and n_prev[i] >= 1 and Sp - ri == 1
+            dec = ci >= 1 and is_decode_type(n_prev[i], Sp - ri)
             pre = ci >= 1 and not dec
             x[B["d"][i, j]] = dec
             x[B["p"][i, j]] = pre
@@ -260,7 +257,7 @@ def _assignment(form: "BigMFormulation", schedule: Schedule) -> np.ndarray:
             x[B["m"][i, j + 1]] = st.m[i]
             x[B["f"][i, j + 1]] = st.finished[i]
             if "kv_blocks" in B:
-                x[B["kv_blocks"][i, j]] = -(-(ri + ci) // inst.system.block_size)
+                x[B["kv_blocks"][i, j]] = block_count(ri + ci, inst.system.block_size)
             if "ud" in B:
                 x[B["ud"][i, j]] = ri if dec else 0
             if "up" in B:
@@ -271,21 +268,13 @@ def _assignment(form: "BigMFormulation", schedule: Schedule) -> np.ndarray:
                     bit = (cp >> t) & 1
                     x[B["beta"][i, j, t]] = bit
                     x[B["omega"][i, j, t]] = bit * (cp + 2 * ri)
-            if ci >= 1:
-                any_c = True
-                latest_arrival = max(latest_arrival, inst.requests[i].arrival)
-                tok += ci
-                if dec:
-                    dkv += ri
-                else:
-                    ptok += ci
-                    npre += 1
-                    att += cp * cp + 2 * ri * cp
-                    pkv += ri
+        any_c = bool(bt.tokens)
+        latest_arrival = max((inst.requests[i].arrival for i in bt.tokens), default=0.0)
+        features = account_batch(bt.tokens, m_prev, n_prev, I, evicted).features
         x[B["y"][j]] = any_c
         if "used" in B:
             x[B["used"][j]] = any_c or bool(bt.evict)
-        clock.advance(x, j, float(np.dot(coef, [1.0 if any_c else 0.0, tok, dkv, att, pkv, npre])), any_c, latest_arrival)
+        clock.advance(x, j, float(np.dot(coef, features)), any_c, latest_arrival)
         if "w" in B:
             x[B["w"][j]] = any(x[B["d"][i, j]] for i in range(N))
         if "started" in B:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..accounting import is_decode_type, round_to_blocks
 from ..schedule import ReplayState, Schedule
 from ..workload import Instance
 from .base import Constraints, Formulation
@@ -96,7 +97,7 @@ def _build_class(I: int, O: int, arrival: float, members: list[int], block: int,
         cols["f"].append(np.stack([np.zeros(size)] + [np.broadcast_to(np.asarray(v, dtype=float), size) for v in feats],
                                   axis=-1).reshape(-1, 6))
 
-    blocks = lambda t: -(-np.asarray(t) // block) * block  # noqa: E731
+    blocks = lambda t: round_to_blocks(np.asarray(t), block)  # noqa: E731
     for n in range(O):
         S = I + n
         m = np.arange(S)
@@ -206,7 +207,7 @@ def _path(cl: _ChainClass, before: tuple[int, int], c: int, evicted: bool) -> li
         arcs, m = [L[(EVICT, s)], L[(REFILL, pool)]], 0
     elif c == 0:
         return [L[(IDLE, s)]]
-    elif n >= 1 and m == S - 1:
+    elif is_decode_type(n, S - m):
         return [L[(DECODE, s)]]
     else:
         arcs = [L[(START, s)]]

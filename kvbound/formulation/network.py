@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..accounting import account_batch, is_decode_type, round_to_blocks
 from ..schedule import ReplayState, Schedule
 from ..workload import Instance
 from .base import Constraints, Formulation
@@ -43,7 +44,7 @@ def _build_class(prompt: int, output: int, arrival: float, members: list[int], b
     states, index = class_states(prompt, output)
     done = len(states) - 1
     rows = []  # src, dst, c, prefill c, kv, processing, decode, evict, first token, features...
-    blocks = lambda t: -(-t // block) * block  # noqa: E731
+    blocks = lambda t: round_to_blocks(t, block)  # noqa: E731
     for (m, n), s in list(index.items())[:-1]:
         S = prompt + n
         rows.append((s, s, 0, 0, blocks(m), 0, 0, 0, 0, 0, 0, 0, 0, 0))  # idle
@@ -57,7 +58,7 @@ def _build_class(prompt: int, output: int, arrival: float, members: list[int], b
                 d = index[(c, n)] if c < S else (done if n + 1 == output else index[(S, n + 1)])
                 rows.append((s, d, c, c, blocks(c), 1, 0, 1, int(c == S and n == 0), c, 0, c * c, 0, 1))
         for c in range(1, min(S - m, C) + 1):
-            decode = n >= 1 and S - m == 1
+            decode = bool(is_decode_type(n, S - m))
             if constraints.no_chunk and not decode and c != S - m:
                 continue
             if m + c < S:
@@ -67,10 +68,7 @@ def _build_class(prompt: int, output: int, arrival: float, members: list[int], b
             else:
                 d = index[(S, n + 1)]
             first = int(m + c == S and n == 0)
-            if decode:
-                feats = (c, m, 0, 0, 0)
-            else:
-                feats = (c, 0, c * c + 2 * m * c, m, 1)
+            feats = account_batch({0: c}, (m,), (n,), (prompt,)).features[1:]
             rows.append((s, d, c, 0 if decode else c, blocks(m + c), 1, int(decode), 0, first) + feats)
     rows.append((done, done, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0))
     a = np.array(rows, dtype=np.int64)

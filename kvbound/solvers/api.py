@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..accounting import is_decode_type, largest_batch_time
 from ..deadline import Deadline
 from ..errors import KvboundError, SchedulerRefused, SchedulerStuck
 from ..formulation import FORMULATION_KINDS, FormulationKind
@@ -153,7 +154,7 @@ def satisfies(instance: Instance, schedule: Schedule, constraints: Constraints) 
         kinds = set()
         for i, c in bt.tokens.items():
             S, m = st.prompt[i] + st.n[i], (0 if i in bt.evict else st.m[i])
-            decode = st.n[i] >= 1 and S - m == 1
+            decode = is_decode_type(st.n[i], S - m)
             kinds.add(decode)
             if constraints.no_chunk and not decode and c != S - m:
                 return False
@@ -358,9 +359,7 @@ def _tick_for(instance: Instance, horizon: int) -> float:
     feasible point of the same model, tests/test_solvers.py::test_cpsat_with_a_non_decimal_preset_and_arrivals).
     """
     cost, s = instance.cost, instance.system
-    t_max = (cost.intercept + cost.per_token * s.max_batch_tokens + cost.decode_kv * s.kv_capacity
-             + cost.prefill_attention * (s.max_batch_tokens ** 2 + 2.0 * s.kv_capacity * s.max_batch_tokens)
-             + cost.prefill_kv * s.kv_capacity + cost.per_prefill_request * len(instance))
+    t_max = largest_batch_time(s, cost, len(instance))
     span = ((horizon + 1) * t_max + float(instance.arrivals.max()) + 1.0) * max(1, len(instance))
     limit = 2.0 ** CPSAT_MAGNITUDE_BITS / span
     values = [v for v in list(cost.coefficients) + list(instance.arrivals) if v > 0]
