@@ -15,6 +15,7 @@ import numpy as np
 
 from .accounting import account_batch, round_to_blocks
 from .errors import InputError, KvboundError
+from .fileio import write_json_atomic
 from .workload import Instance, Request
 
 _TIME_EPS = 1e-9
@@ -139,14 +140,6 @@ def _json_objects(source: str, data: dict, key: str):
         if not isinstance(entry, dict):
             raise InputError(source, where, "must be an object")
         yield k, where, entry
-
-
-def write_json_atomic(path: str | Path, data) -> None:
-    """Write JSON to a temporary file beside `path`, then rename: readers never see half a file."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=None, separators=(",", ":")) + "\n")
-    tmp.replace(path)
 
 
 # --------------------------------------------------------------------------- metrics

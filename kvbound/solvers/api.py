@@ -17,7 +17,7 @@ import numpy as np
 
 from ..accounting import is_decode_type, largest_batch_time
 from ..deadline import Deadline
-from ..errors import KvboundError, SchedulerRefused, SchedulerStuck
+from ..errors import InputError, KvboundError, SchedulerRefused, SchedulerStuck
 from ..formulation import FORMULATION_KINDS, FormulationKind
 from ..formulation.base import Constraints, first_token_prefix, horizon_for, stops_at_first_tokens
 from ..formulation.bounds import analytic_bounds
@@ -34,7 +34,6 @@ REL_TOL = 1e-6
 #: larger models are not built (memory on a 24 GiB machine); `solve` then reports the best heuristic
 #: schedule with the analytic bounds, and "auto" picks the chain model only below it
 MODEL_LIMIT = 1_500_000
-
 
 
 @dataclass
@@ -323,7 +322,8 @@ def _horizon(instance: Instance, options: SolveOptions, kind: FormulationKind,
         j_cert, certified, why = None, False, "no schedule meets the constraints to derive a horizon from"
     if options.horizon is None:
         if j_cert is None:
-            raise KvboundError("cannot derive a horizon: no heuristic schedule meets the constraints; give --horizon")
+            # named by the field, so the CLI says `--horizon` only where the command has that flag
+            raise InputError("", "horizon", "cannot be derived: no heuristic schedule meets the constraints; give one")
         return j_cert, certified, why
     J = int(options.horizon)
     certified = certified and j_cert is not None and J >= j_cert

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..deadline import Deadline
 from ..formulation.model import ModelArrays
 
 #: relative error of the figures CBC hands back through text files (8 significant digits)
@@ -54,7 +55,7 @@ def solve_highs(arrays: ModelArrays, time_limit: float, warm: np.ndarray | None,
     (tests/test_solvers.py::test_highs_presolve_that_cuts_off_the_optimum_is_caught)."""
     import highspy
 
-    t_call = time.perf_counter()
+    deadline = Deadline(time_limit)
     h = highspy.Highs()
     h.setOptionValue("output_flag", bool(verbose))
     if not presolve:
@@ -123,8 +124,7 @@ def solve_highs(arrays: ModelArrays, time_limit: float, warm: np.ndarray | None,
     stats = {"model_status": h.modelStatusToString(ms), "nodes": int(info.mip_node_count),
              "interrupted": ms == MS.kInterrupt}
     if warm is not None and presolve and bound_above(bound, warm_obj) and not arrays.check(warm):
-        left = time_limit - (time.perf_counter() - t_call)
-        again = solve_highs(arrays, max(left, 1.0), warm, verbose=verbose, gap=gap, presolve=False)
+        again = solve_highs(arrays, max(deadline.remaining(), 1.0), warm, verbose=verbose, gap=gap, presolve=False)
         again.stats["presolve_retry"] = f"bound {bound} above the feasible warm start's {warm_obj}: solved again without presolve"
         again.seconds += seconds
         return again
@@ -162,16 +162,16 @@ def solve_cpsat(arrays: ModelArrays, time_limit: float, warm: np.ndarray | None,
     send.close()
     try:
         message = _receive(receive, child, None)  # "solving": the model is built, the clock runs
-        started = time.perf_counter()
-        deadline = started + time_limit * 1.1 + grace
+        # CP-SAT may overrun its own limit (or-tools#2604, #4882): 10% and the grace, then it is killed
+        watchdog = Deadline(time_limit * 1.1 + grace)
         while message[0] == "solving":
             try:
-                message = _receive(receive, child, max(0.0, deadline - time.perf_counter()))
+                message = _receive(receive, child, watchdog.remaining())
             except KeyboardInterrupt:  # the child got the signal too: CP-SAT stops and returns its best
                 continue
             if message is None:
                 child.kill()
-                seconds = time.perf_counter() - started
+                seconds = watchdog.elapsed()
                 return BackendOutcome("unknown", None, None, -math.inf, seconds, None, {
                     "model_status": "KILLED",
                     "killed": f"CP-SAT did not return {seconds - time_limit:.0f} s after its {time_limit:g} s limit"})
