@@ -100,8 +100,8 @@ def largest_batch_time(system: SystemConfig, cost: CostModel, n_requests: int) -
 
     A batch processes at most C tokens, its requests hold at most M cached tokens together (the
     M rule), so sum c^2 + 2 m c <= C^2 + 2 M C, and each prefill-type request processes >= 1
-    token, so there are at most min(N, C) of them.
+    token, so there are at most min(N, C) of them; the convex token term is largest at C tokens.
     """
     C, M = system.max_batch_tokens, system.kv_capacity
-    return (cost.intercept + cost.per_token * C + cost.decode_kv * M + cost.prefill_attention * (C * C + 2.0 * M * C)
+    return cost.kink_time(C) + (cost.intercept + cost.per_token * C + cost.decode_kv * M + cost.prefill_attention * (C * C + 2.0 * M * C)
             + cost.prefill_kv * M + cost.per_prefill_request * min(n_requests, C))

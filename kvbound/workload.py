@@ -142,7 +142,7 @@ def check_instance(inst: Instance, source: str = "") -> None:
 
 _TOP_KEYS = {"name", "description", "system", "cost", "requests", "workload"}
 _SYSTEM_KEYS = {"kv_capacity", "max_batch_tokens", "max_prefill_tokens", "block_size"}
-_COST_KEYS = set(FEATURES) | {"preset"}
+_COST_KEYS = set(FEATURES) | {"preset", "token_knees", "per_token_above"}
 _REQUEST_KEYS = {"prompt", "output", "count", "arrival"}
 _WORKLOAD_KEYS = {"trace", "limit", "offset", "time_scale"}
 
@@ -178,7 +178,24 @@ def parse_cost(source: str, table: dict) -> CostModel:
             values[name] = _nonneg_number(source, f"cost.{name}", table[name])
     if values.get("intercept", 0.0) <= 0:
         raise InputError(source, "cost.intercept", "must be > 0 (set it or name a preset)")
-    return CostModel(**values)
+    if "token_knees" in table or "per_token_above" in table:
+        values.update(_parse_kinks(source, table))
+    try:
+        return CostModel(**values)
+    except ValueError as exc:
+        raise InputError(source, "cost", str(exc).removeprefix("cost.")) from None
+
+
+def _parse_kinks(source: str, table: dict) -> dict:
+    """`token_knees = [256]` and `per_token_above = [2.1e-5]`: equally long arrays (docs/semantics.md)."""
+    out = {}
+    for key in ("token_knees", "per_token_above"):
+        values = table.get(key)
+        if not isinstance(values, list):
+            raise InputError(source, f"cost.{key}", f"must be an array (with one entry per knee), got {values!r}")
+        out[key] = tuple(_positive_int(source, f"cost.{key}[{k}]", v) if key == "token_knees"
+                         else _nonneg_number(source, f"cost.{key}[{k}]", v) for k, v in enumerate(values))
+    return out
 
 
 def parse_system(source: str, table: dict) -> SystemConfig:

@@ -123,6 +123,8 @@ class _Problem:
             if self.max_batch_size is not None and sum(1 for o in choice if o[0] > 0) > self.max_batch_size:
                 continue
             duration = self.cost.intercept + sum(o[4] for o in choice) if tokens else 0.0
+            if tokens:  # the convex token term, if the cost model has knees
+                duration += sum(s * max(0, tokens - k) for k, s in zip(self.cost.token_knees, self.cost.per_token_above))
             yield {i: o[0] for i, o in enumerate(choice) if o[0] > 0}, tuple(evicts), duration
 
     def apply(self, state, tokens: dict, evict: tuple):
@@ -243,13 +245,14 @@ def brute_force(instance: Instance, objective: str = "total_latency", allow_evic
 
 # --------------------------------------------------------------------------- tiny instances for tests
 
-#: cost models for tiny instances: every batch 1 s; the A100 preset; all six terms non-zero
-#: (dyadic numbers, so sums are exact and ties are real ties)
+#: cost models for tiny instances: every batch 1 s; the A100 preset; all six terms non-zero; a per-token
+#: slope that bends at 3 and 6 tokens (dyadic numbers, so sums are exact and ties are real ties)
 TINY_COSTS = {
     "unit-batches": CostModel(intercept=1.0),
     "llama2-7b-a100": PRESETS["llama2-7b-a100"],
     "all-terms": CostModel(intercept=1.0, per_token=0.25, decode_kv=0.125, prefill_attention=0.0625,
                            prefill_kv=0.5, per_prefill_request=0.75),
+    "kinked": CostModel(intercept=1.0, per_token=0.125, decode_kv=0.0625, token_knees=(3, 6), per_token_above=(0.25, 0.5)),
 }
 
 

@@ -36,7 +36,7 @@ from kvbound.solvers.relaxation import lp_bound
 from tests.oracle import brute_force
 
 #: cost models: round decimals; all six terms (dyadic); every batch 1 s; the shipped A100 preset;
-#: KV terms dearer than tokens (so evict-only batches can pay); attention only
+#: KV terms dearer than tokens (so evict-only batches can pay); attention only; a per-token slope bending at 2 and 5
 COSTS = {
     "round": CostModel(intercept=1.0, per_token=0.1, decode_kv=0.01, prefill_attention=0.001),
     "all-terms": CostModel(intercept=1.0, per_token=0.25, decode_kv=0.125, prefill_attention=0.0625,
@@ -45,6 +45,8 @@ COSTS = {
     "llama2-7b-a100": PRESETS["llama2-7b-a100"],
     "kv-heavy": CostModel(intercept=0.2, per_token=0.3, decode_kv=0.5, prefill_kv=0.4),
     "attention": CostModel(intercept=0.5, prefill_attention=0.07),
+    "kinked": CostModel(intercept=0.5, per_token=0.1, decode_kv=0.01, prefill_attention=0.001, token_knees=(2, 5),
+                        per_token_above=(0.2, 0.3)),
 }
 
 

@@ -7,13 +7,19 @@ T = intercept
   + prefill_kv          * sum over prefill-type requests of m
   + per_prefill_request * number of prefill-type requests
 
+  + sum over k of per_token_above[k] * max(0, sum c - token_knees[k])   (optional)
+
 m is the number of cached tokens of a request before the batch, c the tokens it
-processes. A batch that processes nothing takes no time.
+processes. A batch that processes nothing takes no time. The optional term bends the
+per-token slope upward at each knee (GPUs turn compute-bound as a batch grows); its slopes
+are >= 0, so the batch time stays convex in the tokens and every formulation keeps it
+linear with one auxiliary variable per batch and knee (docs/formulation.md). A cost model
+without knees means exactly what it meant before.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -37,27 +43,52 @@ class CostModel:
     prefill_attention: float = 0.0
     prefill_kv: float = 0.0
     per_prefill_request: float = 0.0
+    token_knees: tuple[int, ...] = ()  # batch token counts where the per-token slope bends, increasing
+    per_token_above: tuple[float, ...] = ()  # the extra slope past each knee, >= 0
 
     def __post_init__(self):
         for name in FEATURES:
             value = getattr(self, name)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
+            if not _finite_nonneg(value):
                 raise ValueError(f"cost.{name} must be a finite number >= 0, got {value!r}")
         if self.intercept <= 0:
             raise ValueError("cost.intercept must be > 0")
+        knees, slopes = tuple(self.token_knees), tuple(self.per_token_above)
+        object.__setattr__(self, "token_knees", knees)
+        object.__setattr__(self, "per_token_above", slopes)
+        if len(knees) != len(slopes):
+            raise ValueError(f"cost.token_knees and cost.per_token_above need one slope per knee, "
+                             f"got {len(knees)} knees and {len(slopes)} slopes")
+        if not all(isinstance(k, int) and not isinstance(k, bool) and k >= 1 for k in knees):
+            raise ValueError(f"cost.token_knees must be integers >= 1, got {list(knees)!r}")
+        if any(b <= a for a, b in zip(knees, knees[1:])):
+            raise ValueError(f"cost.token_knees must increase, got {list(knees)!r}")
+        if not all(_finite_nonneg(v) for v in slopes):
+            raise ValueError(f"cost.per_token_above must be finite numbers >= 0, got {list(slopes)!r}")
 
     @property
     def coefficients(self) -> np.ndarray:
         return np.array([getattr(self, name) for name in FEATURES], dtype=float)
 
-    def as_dict(self) -> dict[str, float]:
-        return asdict(self)
+    def as_dict(self) -> dict:
+        """The coefficients by name; the knee keys only when there are knees."""
+        out = {name: getattr(self, name) for name in FEATURES}
+        if self.token_knees:
+            out.update(token_knees=list(self.token_knees), per_token_above=list(self.per_token_above))
+        return out
+
+    def kink_time(self, tokens):
+        """The convex token term: sum over knees of slope * max(0, tokens - knee) (ints or arrays)."""
+        extra = 0.0
+        for knee, slope in zip(self.token_knees, self.per_token_above):
+            extra = extra + slope * np.maximum(0, np.asarray(tokens, dtype=float) - knee)
+        return extra if np.ndim(extra) else float(extra)
 
     def batch_time(self, tokens: int, decode_kv: int, prefill_attention: int, prefill_kv: int, prefill_requests: int) -> float:
         """Time of one batch from its five aggregate features (the intercept's feature is 1)."""
         if tokens <= 0:
             return 0.0
-        return (
+        time = (
             self.intercept
             + self.per_token * tokens
             + self.decode_kv * decode_kv
@@ -65,6 +96,15 @@ class CostModel:
             + self.prefill_kv * prefill_kv
             + self.per_prefill_request * prefill_requests
         )
+        return time + self.kink_time(tokens) if self.token_knees else time
+
+    def predict(self, features: np.ndarray) -> np.ndarray:
+        """Batch times of a feature matrix [batches, 6] (`FEATURES` order), the token kinks included."""
+        features = np.asarray(features, dtype=float).reshape(-1, len(FEATURES))
+        linear = features @ self.coefficients
+        if not self.token_knees:
+            return linear
+        return linear + np.where(features[:, 1] > 0, self.kink_time(features[:, 1]), 0.0)
 
     def batch_features(self, cached, tokens, is_decode) -> np.ndarray:
         """The six features of one batch from per-request arrays (requests with c >= 1)."""
@@ -73,7 +113,14 @@ class CostModel:
     def to_toml(self) -> str:
         lines = ["[cost]"]
         lines += [f"{name} = {getattr(self, name)!r}" for name in FEATURES]
+        if self.token_knees:
+            lines.append(f"token_knees = {list(self.token_knees)!r}")
+            lines.append(f"per_token_above = {list(self.per_token_above)!r}")
         return "\n".join(lines) + "\n"
+
+
+def _finite_nonneg(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
 
 
 def batch_features(cached, tokens, is_decode) -> np.ndarray:

@@ -68,7 +68,14 @@ class TimeUnits:
         return TimeUnits(1.0 / typical if typical > 0 else 1.0, False)
 
     def coefficients(self, cost) -> np.ndarray:
-        coef = cost.coefficients * self.per_second
+        return self._scaled(cost.coefficients)
+
+    def kink_slopes(self, cost) -> np.ndarray:
+        """The extra per-token slopes past the cost model's token knees, in model units."""
+        return self._scaled(np.asarray(cost.per_token_above, dtype=float))
+
+    def _scaled(self, seconds: np.ndarray) -> np.ndarray:
+        coef = seconds * self.per_second
         return np.floor(coef * (1 + 1e-12)) if self.integral else coef
 
     def down(self, seconds: float) -> float:
@@ -169,10 +176,17 @@ class ModelClock:
         self.blocks = form.model.blocks
         self.online = "idle" in self.blocks
         self.to_time = form.units.down
+        self.knees = np.asarray(form.instance.cost.token_knees, dtype=float)
+        self.slopes = form.units.kink_slopes(form.instance.cost)
         self.clock = self.prev_T = 0.0
 
-    def advance(self, x: np.ndarray, j: int, T: float, processes: bool, latest_arrival: float) -> None:
+    def advance(self, x: np.ndarray, j: int, T: float, processes: bool, latest_arrival: float, tokens: int) -> None:
+        """Batch j takes T model units before the token kinks; it processes `tokens` tokens."""
         B = self.blocks
+        if len(self.knees):
+            above = np.maximum(0.0, tokens - self.knees)
+            x[B["tokens_above"][j]] = above
+            T += float(self.slopes @ above)
         x[B["T"][j]] = T
         start = self.clock + self.prev_T
         self.clock = start
@@ -291,14 +305,33 @@ def complete_schedule(instance: Instance, batches: list[Batch], constraints: Con
 
 @dataclass
 class Clock:
-    """The batch-level variables every model shares: y (batch processes), T (batch time), and
-    with arrivals idle (wait before the batch) and t (its start)."""
+    """The batch-level variables every model shares: y (batch processes), T (batch time), with
+    arrivals idle (wait before the batch) and t (its start), and with a kinked cost model the
+    batch's tokens above each knee (`above`, J x knees)."""
     y: np.ndarray
     T: np.ndarray
     idle: np.ndarray | None
     t: np.ndarray | None
     T_max: float
     idle_max: float
+    above: np.ndarray | None
+    knees: np.ndarray
+    kink_slopes: np.ndarray  # model units per token above each knee
+
+    def kink_time_terms(self) -> list:
+        """The batch-time row's terms (shape J) of the convex token term: slope * tokens above each knee."""
+        return [] if self.above is None else [(self.above, self.kink_slopes[None, :])]
+
+    def link_kinks(self, md: Model, j: int, token_terms: list) -> None:
+        """above[j, k] >= (tokens of batch j) - knee_k, from batch j's token terms [(cols, coefs)]:
+        exact at the optimum, since the batch time only grows with `above`."""
+        if self.above is None or not token_terms:
+            return
+        K = len(self.knees)
+        terms = [(self.above[j], 1.0)] + [(np.broadcast_to(np.asarray(c), (K,) + np.shape(c)),
+                                           -np.broadcast_to(np.asarray(v, dtype=float), (K,) + np.shape(c)))
+                                          for c, v in token_terms]
+        md.add_rows(f"tokens_above_knee[j={j}]", K, terms, lo=-self.knees)
 
 
 def add_clock(md: Model, instance: Instance, J: int, units, integral: bool) -> Clock:
@@ -316,4 +349,9 @@ def add_clock(md: Model, instance: Instance, J: int, units, integral: bool) -> C
         md.add_rows("clock_start", 1, [(t[:1], 1), (idle[:1], -1)], 0, 0)
         if J > 1:
             md.add_rows("clock_after[j]", J - 1, [(t[1:], 1), (t[:-1], -1), (T[:-1], -1), (idle[1:], -1)], 0, 0)
-    return Clock(y, T, idle, t, T_max, idle_max)
+    knees = np.asarray(instance.cost.token_knees, dtype=float)
+    above = None
+    if len(knees):
+        room = np.maximum(0.0, instance.system.max_batch_tokens - knees)
+        above = md.add_vars("tokens_above", (J, len(knees)), 0, room[None, :], integral)
+    return Clock(y, T, idle, t, T_max, idle_max, above, knees, units.kink_slopes(instance.cost))

@@ -152,7 +152,11 @@ def build_bigm(instance: Instance, objective: str = "total_latency", horizon: in
         md.add_rows("chunk_in_bits[i,j]", NJ, [(beta, pw), (c, -1), (d, 1)], 0, 0)
         md.add_rows("attention_product[i,j,bit]", (N, J, B), [(omega, 1), (c[:, :, None], -1), (d[:, :, None], 1), (r[:, :, None], -2), (beta, -U)], lo=-U)
         terms.append((omega.transpose(1, 0, 2), -c_att * pw))
+    terms += [(cols, -coefs) for cols, coefs in clock.kink_time_terms()]
     md.add_rows("batch_time[j]", J, terms, 0, 0)
+    if clock.above is not None:  # tokens above each knee >= the batch's tokens - knee
+        md.add_rows("tokens_above_knee[j,k]", clock.above.shape, [(clock.above, 1), (c.T[:, None, :], -1)],
+                    lo=-clock.knees[None, :])
 
     # ---- arrivals (the shared clock has t_j = t_{j-1} + T_{j-1} + idle_j): a request runs only from its arrival
     if online:
@@ -274,7 +278,7 @@ def _assignment(form: "BigMFormulation", schedule: Schedule) -> np.ndarray:
         x[B["y"][j]] = any_c
         if "used" in B:
             x[B["used"][j]] = any_c or bool(bt.evict)
-        clock.advance(x, j, float(np.dot(coef, features)), any_c, latest_arrival)
+        clock.advance(x, j, float(np.dot(coef, features)), any_c, latest_arrival, sum(bt.tokens.values()))
         if "w" in B:
             x[B["w"][j]] = any(x[B["d"][i, j]] for i in range(N))
         if "started" in B:

@@ -103,7 +103,9 @@ def finish_model(md: Model, instance: Instance, objective: Objective, constraint
         batch_row("max_batch_tokens", j, terms.tokens[j], hi=s.max_batch_tokens)
         batch_row("max_prefill_tokens", j, terms.prefill[j], hi=s.max_prefill_tokens)
         batch_row("kv_capacity", j, terms.kv[j], hi=s.kv_capacity)
-        batch_row("batch_time", j, terms.cost[j], extra=[(T[j:j + 1], -1.0), (y[j:j + 1], coef[0])], lo=0, hi=0)
+        kinks = [(cols[j][None, :], coefs) for cols, coefs in clock.kink_time_terms()]
+        batch_row("batch_time", j, terms.cost[j], extra=[(T[j:j + 1], -1.0), (y[j:j + 1], coef[0])] + kinks, lo=0, hi=0)
+        clock.link_kinks(md, j, terms.tokens[j])
         if constraints.max_batch_size is not None:
             batch_row("max_batch_size", j, terms.processing[j], hi=constraints.max_batch_size)
     if constraints.no_hybrid:
@@ -291,7 +293,7 @@ def assign_paths(form, schedule: Schedule, arcs_of) -> np.ndarray:
                         x[cl.z[j]] = 1
         T += form.coef[0] if tokens else 0.0
         x[B["y"][j]] = bool(tokens)
-        clock.advance(x, j, T, bool(tokens), latest)
+        clock.advance(x, j, T, bool(tokens), latest, sum(tokens.values()))
     if "w" in B:
         fill_hybrid_flags(form, x)
     if "u" in B:

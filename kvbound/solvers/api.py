@@ -362,7 +362,7 @@ def _tick_for(instance: Instance, horizon: int) -> float:
     t_max = largest_batch_time(s, cost, len(instance))
     span = ((horizon + 1) * t_max + float(instance.arrivals.max()) + 1.0) * max(1, len(instance))
     limit = 2.0 ** CPSAT_MAGNITUDE_BITS / span
-    values = [v for v in list(cost.coefficients) + list(instance.arrivals) if v > 0]
+    values = [v for v in list(cost.coefficients) + list(cost.per_token_above) + list(instance.arrivals) if v > 0]
     for k in range(0, 13):
         tick = 10.0 ** k
         if tick > limit:
