@@ -28,14 +28,15 @@ from tests.oracle import OBJECTIVES, brute_force, tiny_instances
 NON_CHUNKING_EVICTING = {"vllm", "vllm-hy", "sarathi-nocp", "sarathi-nohy"}
 #: no chunked prefill, never evicts: only the prompt must fit P
 NON_CHUNKING_EVICTION_FREE = {name + "-ef" for name in NON_CHUNKING_EVICTING} | {"mcsf"}
+NON_CHUNKING_EVICTING |= {"apt-greedy"}
 #: chunked prefill: serve every valid instance
 CHUNKING = {"sarathi", "sarathi-pc", "sarathi-ef", "sarathi-pc-ef", "rank-i", "rank-o", "evict-short", "mcsf-pc",
-            "sarathi-pc-mc", "sjf-mc", "spt-waves"}
+            "sarathi-pc-mc", "sjf-mc", "spt-waves", "larry", "trail", "fcfs", "no-preempt", "vllm-v1"}
 #: prompts must fit P and (1 - alpha) M; a refill that does not fit stops it loudly (SchedulerStuck)
 PROTECTING = {"fcfs-protect"}
 FCFS_ALPHA = 0.2
 
-EVICTION_FREE = {name for name in SCHEDULERS if name.endswith("-ef")} | {"mcsf", "spt-waves"}
+EVICTION_FREE = {name for name in SCHEDULERS if name.endswith("-ef")} | {"mcsf", "spt-waves", "no-preempt"}
 
 
 def test_every_scheduler_has_a_rule():
