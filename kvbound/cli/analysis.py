@@ -132,6 +132,8 @@ def cmd_sweep(args) -> int:
     print(f"sweep {spec.name}: {points} points ({result.skipped} already done, {result.ran} run) "
           f"in {result.seconds:.1f} s, backend {args.backend}")
     print(f"results: {out / 'results.csv'}; summary: {out / 'summary.md'}")
+    for v in result.verdicts:
+        print(f"claim {v.verdict}: {v.claim.text} ({sum(p.holds for p in v.points)} of {len(v.points)} points)")
     for path in result.plots:
         print(f"plot: {path}")
     return 0
