@@ -164,9 +164,52 @@ class Metrics:
     p99_ttft: float
     p50_tpot: float
     p99_tpot: float
+    # issue 16 (beside the keys above, a contract from then on)
+    p95_ttft: float = 0.0
+    mean_tbt: float = 0.0  # over every gap between consecutive tokens of a request, all requests pooled
+    p99_tbt: float = 0.0
+    p50_normalized_latency: float = 0.0  # latency / O per request
+    p95_normalized_latency: float = 0.0
+    slo_attainment: float | None = None  # only with an SLO (`Replay.apply_slo`); left out of to_dict() without
 
     def to_dict(self) -> dict:
-        return dict(self.__dict__)
+        d = dict(self.__dict__)
+        if d["slo_attainment"] is None:
+            del d["slo_attainment"]
+        return d
+
+
+@dataclass(frozen=True)
+class Slo:
+    """Apt-Serve's latency SLO: a request attains it when its TTFT <= ttft and the 99th percentile of
+    its own token gaps (its P99 TBT, linear interpolation; no gaps when O = 1) <= tbt."""
+
+    ttft: float
+    tbt: float
+
+    @classmethod
+    def parse(cls, text: str, source: str = "", field: str = "slo") -> "Slo":
+        """From "ttft=S,tbt=S" (seconds, both required, finite and > 0)."""
+        values = {}
+        for part in text.split(","):
+            key, eq, value = part.partition("=")
+            key = key.strip()
+            if not eq or key not in ("ttft", "tbt"):
+                raise InputError(source, field, f"{text!r}: expected ttft=SECONDS,tbt=SECONDS")
+            try:
+                v = float(value)
+            except ValueError:
+                raise InputError(source, field, f"{text!r}: {key}: expected a number of seconds, got {value.strip()!r}") from None
+            if not (math.isfinite(v) and v > 0):
+                raise InputError(source, field, f"{text!r}: {key}: must be a finite number of seconds > 0")
+            values[key] = v
+        missing = [k for k in ("ttft", "tbt") if k not in values]
+        if missing:
+            raise InputError(source, field, f"{text!r}: {missing[0]} is missing (expected ttft=SECONDS,tbt=SECONDS)")
+        return cls(values["ttft"], values["tbt"])
+
+    def __str__(self) -> str:
+        return f"ttft={self.ttft:g},tbt={self.tbt:g}"
 
 
 @dataclass
@@ -182,14 +225,46 @@ class Replay:
     batch_end: np.ndarray
     batch_kv: np.ndarray  # KV tokens in use during the batch (blocks rounded)
     batch_features: np.ndarray  # (batches, 6): the cost model's features
+    request_p99_tbt: np.ndarray  # per request: the 99th percentile of its token gaps (0 when O = 1)
 
     @property
     def latencies(self) -> np.ndarray:
         return self.completion - self.arrivals
 
+    def slo_attained(self, slo: Slo) -> np.ndarray:
+        """Per request: TTFT <= slo.ttft and its own P99 TBT <= slo.tbt (1e-9 relative slack for rounding)."""
+        ttft = self.first_token - self.arrivals
+        return (ttft <= slo.ttft * (1 + _TIME_EPS)) & (self.request_p99_tbt <= slo.tbt * (1 + _TIME_EPS))
+
+    def apply_slo(self, slo: Slo | None) -> Metrics:
+        """The metrics with `slo_attainment` (the share of requests that attain `slo`; 1 with no requests) set."""
+        if slo is not None:
+            ok = self.slo_attained(slo)
+            self.metrics.slo_attainment = float(ok.mean()) if ok.size else 1.0
+        return self.metrics
+
 
 def _pct(values: np.ndarray, q: float) -> float:
     return float(np.percentile(values, q)) if values.size else 0.0
+
+
+def _grouped_percentile(values: np.ndarray, groups: np.ndarray, k: int, q: float) -> np.ndarray:
+    """Per group 0..k-1: the q-th percentile of its values (numpy's linear interpolation), 0 for an empty group."""
+    out = np.zeros(k)
+    if not values.size:
+        return out
+    order = np.lexsort((values, groups))
+    v, g = values[order], groups[order]
+    counts = np.bincount(g, minlength=k)
+    starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    has = counts > 0
+    pos = (counts[has] - 1) * (q / 100.0)
+    lo = np.floor(pos).astype(np.int64)
+    hi = np.minimum(lo + 1, counts[has] - 1)
+    frac = pos - lo
+    base = starts[has]
+    out[has] = v[base + lo] + frac * (v[base + hi] - v[base + lo])
+    return out
 
 
 class ReplayState:
@@ -207,6 +282,9 @@ class ReplayState:
         self.finished = [False] * k
         self.unfinished = k
         self.first_token = [math.nan] * k
+        self.last_token = [0.0] * k  # when each request generated its latest token
+        self.gaps: list[float] = []  # every gap between consecutive tokens of a request ...
+        self.gap_requests: list[int] = []  # ... and whose gap it is
         self.completion = [math.nan] * k
         self.evictions = [0] * k
         self.recomputed = 0
@@ -305,6 +383,7 @@ class ReplayState:
             m[i] = 0
         end = start + account.time(self.instance.cost)
         output, first, completion = self.output, self.first_token, self.completion
+        last_token, gaps, gap_requests = self.last_token, self.gaps, self.gap_requests
         generated = 0  # counted locally: an attribute update per token is a cost on the hot path
         for i, c in tokens.items():
             mi = m[i] + c
@@ -315,6 +394,10 @@ class ReplayState:
                 n[i] = ni
                 if ni == 1:
                     first[i] = end
+                else:
+                    gaps.append(end - last_token[i])
+                    gap_requests.append(i)
+                last_token[i] = end
                 if ni == output[i]:
                     finished[i] = True
                     unservable.add(i)
@@ -346,6 +429,8 @@ class ReplayState:
         ttft = first - arrivals
         multi = outputs > 1
         tpot = (completion[multi] - first[multi]) / (outputs[multi] - 1)
+        gaps = np.array(self.gaps, dtype=float)
+        normalized = lat / outputs
         metrics = Metrics(
             total_latency=float(self.ends[-1]) if self.ends else 0.0,
             mean_latency=float(lat.mean()),
@@ -358,10 +443,14 @@ class ReplayState:
             p50_latency=_pct(lat, 50), p99_latency=_pct(lat, 99),
             p50_ttft=_pct(ttft, 50), p99_ttft=_pct(ttft, 99),
             p50_tpot=_pct(tpot, 50), p99_tpot=_pct(tpot, 99),
+            p95_ttft=_pct(ttft, 95),
+            mean_tbt=float(gaps.mean()) if gaps.size else 0.0, p99_tbt=_pct(gaps, 99),
+            p50_normalized_latency=_pct(normalized, 50), p95_normalized_latency=_pct(normalized, 95),
         )
+        request_p99_tbt = _grouped_percentile(gaps, np.array(self.gap_requests, dtype=np.int64), len(outputs), 99)
         return Replay(metrics, arrivals, completion, first, np.array(self.evictions),
                       np.array(self.starts), np.array(self.ends), np.array(self.kv_trace, dtype=np.int64),
-                      np.array(self.features, dtype=float).reshape(-1, 6))
+                      np.array(self.features, dtype=float).reshape(-1, 6), request_p99_tbt)
 
 
 def check_requests_match(instance: Instance, schedule: Schedule) -> None:

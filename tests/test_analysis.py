@@ -110,7 +110,7 @@ def test_compare_json_is_the_validators_metrics_and_gaps(cli, case, objective):
     for name in SOME.split(","):
         expected = independent_metrics(instance, name)
         for key in ROW_KEYS[1:-2]:
-            assert rows[name][key] == expected[key], (name, key)
+            assert rows[name][key] == expected.get(key), (name, key)  # slo_attainment: None without an SLO
     # the optimum: its schedule is not printed, but its value must be the oracle's and its metrics consistent
     opt = brute_force(instance, objective).value
     assert rows["optimal"][objective] == pytest.approx(opt, rel=1e-9)

@@ -20,6 +20,8 @@ from kvbound.costs import PRESETS
 from kvbound.errors import SchedulerRefused, SchedulerStuck
 from kvbound.schedulers import Policy, SptWaves, UnifiedScheduler
 from kvbound.schedulers.waves import plan_waves, wave_cost
+from kvbound.workload import load_case
+from tests.conftest import REPO
 from tests.oracle import OBJECTIVES, brute_force, tiny_instances
 
 # ------------------------------------------------------------------ the documented refusal rules
@@ -28,14 +30,15 @@ from tests.oracle import OBJECTIVES, brute_force, tiny_instances
 NON_CHUNKING_EVICTING = {"vllm", "vllm-hy", "sarathi-nocp", "sarathi-nohy"}
 #: no chunked prefill, never evicts: only the prompt must fit P
 NON_CHUNKING_EVICTION_FREE = {name + "-ef" for name in NON_CHUNKING_EVICTING} | {"mcsf"}
+NON_CHUNKING_EVICTING |= {"apt-greedy"}
 #: chunked prefill: serve every valid instance
 CHUNKING = {"sarathi", "sarathi-pc", "sarathi-ef", "sarathi-pc-ef", "rank-i", "rank-o", "evict-short", "mcsf-pc",
-            "sarathi-pc-mc", "sjf-mc", "spt-waves"}
+            "sarathi-pc-mc", "sjf-mc", "spt-waves", "larry", "trail", "fcfs", "no-preempt", "vllm-v1"}
 #: prompts must fit P and (1 - alpha) M; a refill that does not fit stops it loudly (SchedulerStuck)
 PROTECTING = {"fcfs-protect"}
 FCFS_ALPHA = 0.2
 
-EVICTION_FREE = {name for name in SCHEDULERS if name.endswith("-ef")} | {"mcsf", "spt-waves"}
+EVICTION_FREE = {name for name in SCHEDULERS if name.endswith("-ef")} | {"mcsf", "spt-waves", "no-preempt"}
 
 
 def test_every_scheduler_has_a_rule():
@@ -272,6 +275,16 @@ def test_scheduler_options_override_the_preset():
     ("fcfs-protect:alpha=x", "alpha"),
     ("fcfs-protect:beta=0.1", "beta"),
     ("mcsf:alpha=0.1", "mcsf"),
+    ("larry:alpha=-1", "alpha"),
+    ("larry:alpha=x", "alpha"),
+    ("larry:c=0.5", "c"),
+    ("trail:c=1.5", "c"),
+    ("trail:alpha=1", "alpha"),
+    ("vllm-v1:max_num_seqs=0", "max_running"),
+    ("vllm-v1:max_num_batched_tokens=abc", "max_num_batched_tokens"),
+    ("sarathi:max_running=0", "max_running"),
+    ("sarathi:max_num_seqs=4", "max_num_seqs"),  # vllm-v1's names only
+    ("apt-greedy:beta=1", "apt-greedy"),
 ])
 def test_bad_scheduler_options(spec, names):
     with pytest.raises(InputError) as info:
@@ -360,3 +373,107 @@ def test_spt_waves_keeps_long_prompts_away_from_short_decodes():
     assert max(result.replay.completion[i] for i in (1, 3)) <= result.replay.batch_start[first_long] + 1e-12
     one_wave = simulate(inst, SptWaves([[1, 3, 0, 2]])).replay.metrics.mean_latency
     assert result.replay.metrics.mean_latency < one_wave
+
+
+# ------------------------------------------------------------------ issue 16: each new scheduler's defining rule
+
+UNIT = PRESETS["unit-batches"]  # every batch takes 1 s
+
+
+def test_larry_orders_waiting_requests_by_queue_length_times_memory_minus_alpha_times_wait():
+    # X (I = 1, O = 3) runs alone in batch 0 (0 -> 1 s); A (I = 100) arrives at 0.25 s, B (I = 10) at 0.5 s.
+    # At 1 s, q = 2: alpha = 1 gives A 2 * 100 - 0.75 = 199.25, B 2 * 10 - 0.5 = 19.5: B first;
+    # alpha = 1000 gives A 200 - 750 = -550 and B 20 - 500 = -480: A first (FCFS, as the paper says).
+    inst = Instance((Request(1, 3), Request(100, 2, 0.25), Request(10, 2, 0.5)), SystemConfig(200, 101), UNIT)
+    first = run_scheduler(inst, "larry").schedule.batches[1].tokens
+    assert first == {0: 1, 2: 10, 1: 90}  # the decode, then B whole, then A's first chunk in the room left
+    assert list(first) == [0, 2, 1]
+    assert list(run_scheduler(inst, "larry:alpha=1000").schedule.batches[1].tokens) == [0, 1]
+    assert list(run_scheduler(inst, "fcfs").schedule.batches[1].tokens) == [0, 1]
+    # dispatch stops at the first waiting request whose KV does not fit (M = 112: B's 10 fits, A's 100 does not
+    # beside X's 3 + B's 10, and nothing behind A is tried)
+    tight = Instance(inst.requests + (Request(1, 1, 0.75),), SystemConfig(112, 101), UNIT)
+    assert list(run_scheduler(tight, "larry").schedule.batches[1].tokens) == [0, 3, 2]
+
+
+def _trail_case():
+    # R (I = 10, O = 10) runs from 0; W (I = 10, O = 2) arrives at 0.5 s. M = 20: W's 10 tokens of KV do
+    # not fit beside R's 11 at 1 s, so W waits for R unless R is preempted (R has n / O = 0.1 then)
+    return Instance((Request(10, 10), Request(10, 2, 0.5)), SystemConfig(20, 64), UNIT)
+
+
+def test_trail_preempts_for_a_shorter_request_only_while_n_over_o_is_below_c():
+    inst = _trail_case()
+    for spec, preempts in (("trail:c=0.5", True), ("trail:c=0.1", False), ("trail", False)):
+        result = run_scheduler(inst, spec)
+        validate(inst, result.schedule)
+        r = result.replay
+        assert (r.metrics.evictions > 0) == preempts, spec
+        assert (r.first_token[1] < r.completion[0]) == preempts, spec
+    # at 1 s R's reservation (10) and W's 10 still fit M on paper; at 2 s (R holds 11, n / O = 0.2) it is preempted
+    assert [b.evict for b in run_scheduler(inst, "trail:c=0.5").schedule.batches[:3]] == [(), (), (0,)]
+
+
+def test_trail_serves_the_shortest_remaining_output_first():
+    inst = Instance((Request(10, 8), Request(10, 2), Request(10, 5)), SystemConfig(64, 10), UNIT)
+    assert [list(b.tokens) for b in run_scheduler(inst, "trail").schedule.batches[:2]] == [[1], [1, 2]]
+    assert list(run_scheduler(inst, "fcfs").schedule.batches[0].tokens) == [0]
+
+
+@pytest.mark.parametrize("preset, same_as", [("fcfs", "sarathi-pc"), ("no-preempt", "sarathi-pc-ef")])
+def test_kossmann_baselines_are_the_documented_presets(preset, same_as):
+    inst = load_case(REPO / "cases" / "sample200.toml")
+    a, b = run_scheduler(inst, preset), run_scheduler(inst, same_as)
+    assert [x.to_json() for x in a.schedule.batches] == [x.to_json() for x in b.schedule.batches]
+    assert same_as in SCHEDULERS[preset]
+
+
+def test_apt_greedy_picks_the_iteration_by_pending_time_and_requests_by_pending_per_memory():
+    # X (I = 1, O = 3) and A (I = 8, O = 1) at 0, B (I = 2) at 0.5; C = P = 8, 1 s per batch.
+    # t = 0: only waiting requests: prefill; all pending 0, so by arrival: X (1 token), A does not fit C.
+    # t = 1: waiting pending A 1, B 0.5 (sum 1.5) > running X 0: prefill; B (0.5 / 2) before A (1 / 8).
+    # t = 2: waiting A 2 > running X 1 + B 0: prefill A. t = 3: nothing waits: decode X and B.
+    inst = Instance((Request(1, 3), Request(8, 1), Request(2, 2, 0.5)), SystemConfig(64, 8), UNIT)
+    batches = run_scheduler(inst, "apt-greedy").schedule.batches
+    assert [b.tokens for b in batches[:4]] == [{0: 1}, {2: 2}, {1: 8}, {0: 1, 2: 1}]
+    assert list(run_scheduler(inst, "vllm").schedule.batches[1].tokens)[0] == 1  # FCFS takes A first
+
+
+def test_apt_greedy_decode_iteration_preempts_the_lowest_ratio_idle_request():
+    # three running requests I = 3, O = 4 fill M = 9 after one batch; the decode iteration fits two (4 + 4),
+    # the third (equal ratios: the latest-arrived) is preempted, not left idle, since 4 + 4 + 3 > 9
+    inst = Instance((Request(3, 4), Request(3, 4), Request(3, 4)), SystemConfig(9, 64), UNIT)
+    result = run_scheduler(inst, "apt-greedy")
+    assert result.schedule.batches[0].tokens == {0: 3, 1: 3, 2: 3}
+    assert (result.schedule.batches[1].tokens, result.schedule.batches[1].evict) == ({0: 1, 1: 1}, (2,))
+
+
+def test_vllm_v1_chunks_to_its_token_budget_and_caps_running_requests():
+    inst = Instance((Request(10000, 2),), SystemConfig(20000, 16384), PRESETS["llama2-7b-a100"])
+    assert run_scheduler(inst, "vllm-v1").schedule.batches[0].tokens == {0: 8192}
+    assert run_scheduler(inst, "vllm-v1:max_num_batched_tokens=1000").schedule.batches[0].tokens == {0: 1000}
+    three = Instance((Request(4, 3),) * 3, SystemConfig(64, 64), UNIT)
+    result = run_scheduler(three, "vllm-v1:max_num_seqs=2")
+    assert result.schedule.batches[0].tokens == {0: 4, 1: 4}
+    assert max(len(b.tokens) for b in result.schedule.batches) == 2
+
+
+def test_vllm_v1_preempts_the_latest_arrived_and_admits_nothing_in_that_step():
+    # r0, r1 (I = 4, O = 4) prefill together into M = 9 (KV allocated per chunk: 4 + 4), r2 (I = 1) arrives at
+    # 0.5 s. At 1 s both decodes need 10 > 9: r1, the latest-arrived running request, is preempted, and r2 waits
+    # although its 1 token would fit; with admit_after_evict=true it is admitted in that step
+    inst = Instance((Request(4, 4), Request(4, 4), Request(1, 1, 0.5)), SystemConfig(9, 64), UNIT)
+    b = run_scheduler(inst, "vllm-v1").schedule.batches
+    assert b[0].tokens == {0: 4, 1: 4}
+    assert (b[1].tokens, b[1].evict) == ({0: 1}, (1,))
+    b = run_scheduler(inst, "vllm-v1:admit_after_evict=true").schedule.batches
+    assert (b[1].tokens, b[1].evict) == ({0: 1, 2: 1}, (1,))
+
+
+def test_max_running_caps_every_unified_preset():
+    inst = Instance((Request(4, 3),) * 3, SystemConfig(64, 64), UNIT)
+    for spec in ("sarathi:max_running=1", "vllm:max_running=1", "larry:max_running=1", "fcfs:max_running=1"):
+        result = run_scheduler(inst, spec)
+        validate(inst, result.schedule)
+        assert max(len(b.tokens) for b in result.schedule.batches) == 1, spec
+        assert result.replay.metrics.evictions == 0

@@ -9,7 +9,8 @@ import tomllib
 import pytest
 
 from kvbound.costs import CostModel
-from kvbound.schedule import METRIC_KEYS, Batch, ReplayState, Schedule, ScheduleError, validate
+from kvbound.errors import InputError
+from kvbound.schedule import METRIC_KEYS, Batch, ReplayState, Schedule, ScheduleError, Slo, validate
 from kvbound.workload import Instance, Request, SystemConfig, parse_case
 
 from .conftest import REPO
@@ -58,7 +59,15 @@ EXAMPLE_METRICS = {
     "p99_ttft": 2.61834,
     "p50_tpot": 1.81775,
     "p99_tpot": 2.436375,
+    # issue 16; token gaps: r0 1.41 -> 2.643 -> 3.783 (1.233, 1.14), r1 2.643 -> 5.092 (2.449), r2 none (O = 1)
+    "p95_ttft": 2.5197,  # 1.41 + 0.9 * (2.643 - 1.41)
+    "mean_tbt": 4.822 / 3,  # (1.233 + 1.14 + 2.449) / 3
+    "p99_tbt": 2.42468,  # 1.233 + 0.98 * (2.449 - 1.233)
+    "p50_normalized_latency": 1.261,  # latency / O: 3.783 / 3 = 1.261, 5.092 / 2 = 2.546, 1.204 / 1
+    "p95_normalized_latency": 2.4175,  # 1.261 + 0.9 * (2.546 - 1.261)
 }
+#: per request: its own P99 TBT (r0: 1.14 + 0.99 * (1.233 - 1.14); r1 one gap; r2 none: 0)
+EXAMPLE_REQUEST_P99_TBT = (1.23207, 2.449, 0.0)
 TOL = 1e-9
 
 
@@ -187,6 +196,39 @@ def test_worked_example_per_request_and_metrics():
         assert isinstance(metrics[key], int)
     # 12 tokens processed = 10 uninterrupted (I + O - 1 each) + 2 recomputed
     assert replay.batch_features[:, 1].sum() == sum(r.peak_kv for r in EXAMPLE_REQUESTS) + 2 == 12
+
+
+@pytest.mark.parametrize("slo, attained", [
+    ("ttft=1.5,tbt=1.5", (True, False, True)),  # r1's TTFT 2.643 > 1.5
+    ("ttft=1.5,tbt=1.2", (False, False, True)),  # and r0's own P99 TBT 1.23207 > 1.2; r2 has no gaps
+    ("ttft=3,tbt=2.449", (True, True, True)),  # limits are inclusive
+    ("ttft=1.2,tbt=9", (False, False, False)),  # r2's TTFT 1.204 > 1.2
+])
+def test_worked_example_slo_attainment(slo, attained):
+    replay = validate(example_instance(), example_schedule())
+    assert replay.request_p99_tbt == pytest.approx(EXAMPLE_REQUEST_P99_TBT, abs=TOL)
+    assert "slo_attainment" not in replay.metrics.to_dict()
+    assert tuple(replay.slo_attained(Slo.parse(slo))) == attained
+    assert replay.apply_slo(Slo.parse(slo)).to_dict()["slo_attainment"] == pytest.approx(sum(attained) / 3, abs=TOL)
+
+
+@pytest.mark.parametrize("text", ["ttft=1", "tbt=1", "ttft=1,tbt=x", "ttft=0,tbt=1", "ttft=1,tbt=inf", "ttft=1,p99=1", "1,1"])
+def test_bad_slo_is_one_input_error(text):
+    with pytest.raises(InputError, match="slo"):
+        Slo.parse(text, "", "slo")
+
+
+def test_cli_slo_attainment_and_bad_slo(cli, write_file):
+    section = _example_section()
+    case = write_file("worked.toml", _code_block(section, "toml"))
+    schedule = write_file("worked.json", _code_block(section, "json"))
+    rc, out, err = cli("validate", case, schedule, "--json", "--slo", "ttft=1.5,tbt=1.5")
+    assert rc == 0, err
+    assert json.loads(out)["metrics"]["slo_attainment"] == pytest.approx(2 / 3, abs=TOL)
+    rc, out, err = cli("validate", case, schedule, "--json")
+    assert "slo_attainment" not in json.loads(out)["metrics"]
+    rc, out, err = cli("simulate", case, "--scheduler", "sarathi", "--slo", "ttft=1")
+    assert rc == 2 and err.startswith("error: ") and "--slo" in err and "tbt" in err and len(err.splitlines()) == 1
 
 
 def test_worked_example_without_the_start_fails_at_the_arrival():

@@ -24,14 +24,17 @@ from dataclasses import dataclass, field
 from ..deadline import Deadline
 from ..errors import InputError, SchedulerRefused, SchedulerStuck
 from ..formulation.bounds import analytic_bounds
-from ..schedule import Metrics, Schedule, validate
+from ..schedule import Metrics, Schedule, Slo, validate
 from ..schedulers import FAST_HEURISTICS, SCHEDULERS, get_scheduler, simulate
 from ..solvers.options import SolveOptions
 from ..workload import Instance
 
 #: the keys of one row of `kvbound compare --json` (a contract), in order
 ROW_KEYS = ("scheduler", "total_latency", "mean_latency", "mean_ttft", "mean_tpot", "p99_ttft", "p99_tpot",
-            "batches", "evictions", "recomputed_tokens", "peak_kv", "gap_to_bound", "gap_to_best")
+            "batches", "evictions", "recomputed_tokens", "peak_kv",
+            # issue 16: the papers' metrics (slo_attainment is null unless an SLO is given)
+            "p50_ttft", "p95_ttft", "mean_tbt", "p99_tbt", "p50_normalized_latency", "p95_normalized_latency",
+            "slo_attainment", "gap_to_bound", "gap_to_best")
 METRIC_COLUMNS = ROW_KEYS[1:-2]
 #: the keys of the whole `--json` object (a contract)
 TABLE_KEYS = ("objective_name", "lower_bound", "bound_certified", "best_known", "rows")
@@ -89,18 +92,32 @@ class ComparisonTable:
                 "rows": [r.to_json() for r in self.rows]}
 
     # ------------------------------------------------------------------ text forms
-    _HEADERS = ("scheduler", "total (s)", "mean lat (s)", "mean TTFT (s)", "mean TPOT (s)", "p99 TTFT (s)",
-                "p99 TPOT (s)", "batches", "evictions", "recomputed", "peak KV", "gap to bound", "gap to best")
+    #: the text and markdown columns: metric key -> header (slo_attainment only where an SLO was given)
+    _COLUMNS = {"total_latency": "total (s)", "mean_latency": "mean lat (s)", "mean_ttft": "mean TTFT (s)",
+                "mean_tpot": "mean TPOT (s)", "p99_ttft": "p99 TTFT (s)", "p99_tpot": "p99 TPOT (s)",
+                "batches": "batches", "evictions": "evictions", "recomputed_tokens": "recomputed", "peak_kv": "peak KV",
+                "p50_ttft": "p50 TTFT (s)", "p95_ttft": "p95 TTFT (s)", "mean_tbt": "mean TBT (s)",
+                "p99_tbt": "p99 TBT (s)", "p50_normalized_latency": "p50 lat/O (s)",
+                "p95_normalized_latency": "p95 lat/O (s)", "slo_attainment": "SLO attained"}
+
+    def _metric_keys(self) -> list[str]:
+        with_slo = any(r.metrics is not None and r.metrics.slo_attainment is not None for r in self.rows)
+        return [k for k in METRIC_COLUMNS if k != "slo_attainment" or with_slo]
+
+    @property
+    def _HEADERS(self) -> tuple[str, ...]:
+        return ("scheduler", *(self._COLUMNS[k] for k in self._metric_keys()), "gap to bound", "gap to best")
 
     def _cells(self) -> list[list[str]]:
         out = []
+        keys = self._metric_keys()
         for r in self.rows:
             name = r.label
             if r.metrics is None:
-                out.append([name, f"refused: {r.refused}"] + [""] * (len(self._HEADERS) - 2))
+                out.append([name, f"refused: {r.refused}"] + [""] * (len(keys) + 1))
                 continue
             d = r.metrics.to_dict()
-            out.append([name] + [f"{d[k]:.6g}" for k in METRIC_COLUMNS[:6]] + [str(d[k]) for k in METRIC_COLUMNS[6:]]
+            out.append([name] + [f"{d[k]:.6g}" if isinstance(d[k], float) else str(d[k]) for k in keys]
                        + [_pct(r.gap_to_bound), _pct(r.gap_to_best)])
         return out
 
@@ -163,18 +180,19 @@ def resolve_schedulers(schedulers) -> list[str]:
 
 def compare(instance: Instance, schedulers="all", *, solve: bool = False, options: SolveOptions | None = None,
             deadline: Deadline | None = None, objective: str | None = None, time_limit: float | None = None,
-            solver: str | None = None, formulation: str | None = None) -> ComparisonTable:
+            solver: str | None = None, formulation: str | None = None, slo: Slo | None = None) -> ComparisonTable:
     """One row per scheduler (plus `optimal` when `solve`), gaps to the best certified bound and best schedule.
 
     `options` say how to solve and which objective the gaps are on (default: `SolveOptions()`);
     `objective`, `time_limit`, `solver` and `formulation`, where given, replace single options.
     `deadline` (default: the time limit from the start of the solve) bounds the solve.
+    `slo`, where given, adds every row's `slo_attainment`.
     """
     changes = {"objective": objective, "time_limit": time_limit, "backend": solver, "formulation": formulation}
     options = (options or SolveOptions()).but(**{k: v for k, v in changes.items() if v is not None})
     objective = options.objective.value
     names = resolve_schedulers(schedulers)
-    rows = [_run(instance, name) for name in names]
+    rows = [_run(instance, name, slo) for name in names]
     # analytic bounds hold for every schedule; a solver bound only when its horizon is certified
     bounds = [(b.value, b.name) for b in analytic_bounds(instance, objective) if b.certified and math.isfinite(b.value)]
     result = None
@@ -186,7 +204,7 @@ def compare(instance: Instance, schedulers="all", *, solve: bool = False, option
         result = solve_with(instance, options.but(warm_start=warm), deadline)
         if result.schedule is not None:
             replay = validate(instance, Schedule.from_json(result.schedule.to_json()))
-            best_row = ComparisonRow(OPTIMAL, replay.metrics, result.schedule, status=result.status)
+            best_row = ComparisonRow(OPTIMAL, replay.apply_slo(slo), result.schedule, status=result.status)
         else:
             best_row = ComparisonRow(OPTIMAL, None, refused=f"the solver found no schedule ({result.status})",
                                      status=result.status)
@@ -205,11 +223,11 @@ def compare(instance: Instance, schedulers="all", *, solve: bool = False, option
     return ComparisonTable(objective, lower, lower is not None, best, rows, source, result)
 
 
-def _run(instance: Instance, spec: str) -> ComparisonRow:
+def _run(instance: Instance, spec: str, slo: Slo | None = None) -> ComparisonRow:
     try:
         sim = simulate(instance, get_scheduler(spec))
     except (SchedulerRefused, SchedulerStuck) as exc:
         return ComparisonRow(spec, None, refused=str(exc))
     # the table reports the validator's replay of the schedule's JSON form, not the simulator's own numbers
     replay = validate(instance, Schedule.from_json(sim.schedule.to_json()))
-    return ComparisonRow(spec, replay.metrics, sim.schedule)
+    return ComparisonRow(spec, replay.apply_slo(slo), sim.schedule)

@@ -9,12 +9,12 @@ import sys
 
 from .. import __version__
 from ..errors import InputError, KvboundError
-from . import analysis, basic, executor, solve
+from . import analysis, basic, capacity, executor, solve
 from .args import Parser, with_flag
 
 #: the command families, in the order `kvbound --help` lists them; none imports torch at import time,
 #: so that the solver works without the `executor` extra
-FAMILIES = (basic, solve, executor, analysis)
+FAMILIES = (basic, solve, executor, analysis, capacity)
 
 
 def build_parser() -> Parser:

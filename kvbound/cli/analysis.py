@@ -14,7 +14,7 @@ from pathlib import Path
 from ..deadline import Deadline
 from ..schedule import Schedule, ScheduleError
 from ..workload import load_case
-from .args import add_backend, add_objective, add_time_limit, positive, solve_options
+from .args import add_backend, add_objective, add_slo, add_time_limit, positive, solve_options
 
 
 def register(sub) -> None:
@@ -32,6 +32,7 @@ def register(sub) -> None:
     add_time_limit(p, "solver seconds with --solve")
     add_backend(p)
     p.add_argument("--plot", metavar="OUT.png", help="also draw a bar chart (.png, .svg or .pdf)")
+    add_slo(p)
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="print one JSON object")
     fmt.add_argument("--markdown", action="store_true", help="print a markdown table")
@@ -95,7 +96,7 @@ def cmd_compare(args) -> int:
     if args.plot:
         check_out_path(args.plot, "plot")  # before a long solve, not after
     instance = load_case(args.case)
-    table = compare(instance, args.schedulers, solve=args.solve, options=options, deadline=deadline)
+    table = compare(instance, args.schedulers, solve=args.solve, options=options, deadline=deadline, slo=args.slo)
     if args.plot:
         plot_comparison(table, args.plot, title=f"{instance.name or args.case}: {options.objective.replace('_', ' ')}")
     if args.json:
@@ -131,6 +132,8 @@ def cmd_sweep(args) -> int:
     print(f"sweep {spec.name}: {points} points ({result.skipped} already done, {result.ran} run) "
           f"in {result.seconds:.1f} s, backend {args.backend}")
     print(f"results: {out / 'results.csv'}; summary: {out / 'summary.md'}")
+    for v in result.verdicts:
+        print(f"claim {v.verdict}: {v.claim.text} ({sum(p.holds for p in v.points)} of {len(v.points)} points)")
     for path in result.plots:
         print(f"plot: {path}")
     return 0

@@ -30,6 +30,22 @@ def positive(kind):
     return parse
 
 
+def slo_type(text: str):
+    """An argparse type: `ttft=S,tbt=S` (seconds) as a kvbound.schedule.Slo."""
+    from ..schedule import Slo
+
+    try:
+        return Slo.parse(text)
+    except InputError as exc:
+        raise argparse.ArgumentTypeError(exc.problem) from None
+
+
+def add_slo(p) -> None:
+    p.add_argument("--slo", type=slo_type, metavar="ttft=S,tbt=S",
+                   help="also report slo_attainment: the share of requests with TTFT <= S and their own P99 TBT "
+                        "(99th percentile of their gaps between consecutive tokens) <= S, as in Apt-Serve")
+
+
 def add_objective(p, help: str | None = None) -> None:
     p.add_argument("--objective", default=SolveOptions.objective.value, choices=OBJECTIVES, help=help)
 

@@ -8,6 +8,7 @@ from ..fileio import write_json_atomic, write_user_file
 from ..schedule import Metrics, Schedule, ScheduleError, validate
 from ..schedulers import SCHEDULERS, run_scheduler
 from ..workload import load_case
+from .args import add_slo
 
 
 def register(sub) -> None:
@@ -16,12 +17,14 @@ def register(sub) -> None:
     p.add_argument("--scheduler", required=True, help="a name from `kvbound schedulers`, optionally name:key=value,...")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--out", help="write the schedule JSON here")
+    add_slo(p)
     p.set_defaults(func=cmd_simulate)
 
     p = sub.add_parser("validate", help="replay a schedule under the semantics; exit 1 if it breaks a rule")
     p.add_argument("case")
     p.add_argument("schedule")
     p.add_argument("--json", action="store_true")
+    add_slo(p)
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("schedulers", help="list the schedulers")
@@ -48,11 +51,16 @@ def print_metrics(title: str, metrics: Metrics) -> None:
         ("mean latency", f"{d['mean_latency']:.6g} s  (p50 {d['p50_latency']:.6g}, p99 {d['p99_latency']:.6g})"),
         ("mean TTFT", f"{d['mean_ttft']:.6g} s  (p50 {d['p50_ttft']:.6g}, p99 {d['p99_ttft']:.6g})"),
         ("mean TPOT", f"{d['mean_tpot']:.6g} s  (p50 {d['p50_tpot']:.6g}, p99 {d['p99_tpot']:.6g})"),
+        ("TTFT p95", f"{d['p95_ttft']:.6g} s"),
+        ("mean TBT", f"{d['mean_tbt']:.6g} s  (p99 {d['p99_tbt']:.6g}, over every gap between tokens)"),
+        ("latency / O", f"p50 {d['p50_normalized_latency']:.6g} s, p95 {d['p95_normalized_latency']:.6g} s"),
         ("batches", str(d["batches"])),
         ("evictions", str(d["evictions"])),
         ("recomputed tokens", str(d["recomputed_tokens"])),
         ("peak KV", f"{d['peak_kv']} tokens"),
     ]
+    if "slo_attainment" in d:
+        rows.append(("SLO attainment", f"{100 * d['slo_attainment']:.4g}% of requests"))
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"  {k:<{width}}  {v}")
@@ -64,6 +72,7 @@ def cmd_simulate(args) -> int:
     schedule_json = result.schedule.to_json()
     # every schedule is checked by the validator, from its JSON form, before it is reported
     replay = validate(instance, Schedule.from_json(schedule_json))
+    replay.apply_slo(args.slo)
     if args.out:
         write_json_atomic(args.out, schedule_json)
     if args.json:
@@ -83,6 +92,7 @@ def cmd_validate(args) -> int:
     schedule = Schedule.load(args.schedule)
     try:
         replay = validate(instance, schedule)
+        replay.apply_slo(args.slo)
     except ScheduleError as exc:
         if args.json:
             print(json.dumps({"valid": False, "error": str(exc)}))

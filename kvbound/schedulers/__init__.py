@@ -9,8 +9,11 @@ from __future__ import annotations
 from dataclasses import fields
 
 from ..errors import InputError
+from .aptserve import AptGreedy
 from .base import Policy, SimulationResult, simulate
 from .jaillet import MCSF, FcfsProtect
+from .kossmann import ENGINE as ENGINE_003
+from .kossmann import Larry, Trail
 from .unified import UnifiedParams, UnifiedScheduler
 from .waves import SptWaves
 
@@ -52,12 +55,51 @@ for _base in ("vllm", "vllm-hy", "sarathi", "sarathi-pc", "sarathi-nocp", "sarat
         U(**{**_params.__dict__, "reserve": "peak"}),
         f"eviction-free {_base}: reserves I + O - 1 at admission, never evicts (hypothetical: knows O; Section 4.1)",
     )
+#: vLLM V1's defaults for its own knobs: EngineArgs.get_batch_defaults (vllm/engine/arg_utils.py) gives
+#: max_num_seqs = 256 and max_num_batched_tokens = 8192 for the LLM class on GPUs below 70 GiB or A100s
+#: (kvbound's default cost preset is an A100); the OpenAI server there uses 2048 tokens, and on H100-class
+#: GPUs 8192 (server) / 16384 (LLM class) with 1024 sequences. Override with vllm-v1:max_num_batched_tokens=...
+VLLM_V1_MAX_NUM_SEQS, VLLM_V1_MAX_NUM_BATCHED_TOKENS = 256, 8192
+_UNIFIED.update({
+    # seed paper 003 (Kossmann et al.) Section 2's baselines, on its chunked decode-first engine
+    "fcfs": (U(priority="decode", hybrid=True, chunked=True),
+             "FCFS (Kossmann et al. Sec. 2): decodes first, then waiting requests first come first served, chunked, "
+             "P = C, preempts the latest-arrived running request; the same as sarathi-pc; the paper's concurrency "
+             "limit is fcfs:max_running=K"),
+    "no-preempt": (U(priority="decode", hybrid=True, chunked=True, reserve="peak"),
+                   "No-Preempt (Kossmann et al. Sec. 2): FCFS that reserves I + O - 1 at dispatch and never preempts; "
+                   "chunked, P = C; the same as sarathi-pc-ef (hypothetical: knows O)"),
+    "vllm-v1": (U(priority="running", hybrid=True, chunked=True, reserve="chunk", max_running=VLLM_V1_MAX_NUM_SEQS,
+                  token_limit=VLLM_V1_MAX_NUM_BATCHED_TOKENS, admit_after_evict=False),
+                "vLLM V1 (vllm/v1/core/sched/scheduler.py): running requests first in arrival order, then waiting ones "
+                "FCFS; every prefill chunked to the token budget min(C, max_num_batched_tokens = 8192); at most "
+                "max_num_seqs = 256 running; KV allocated per chunk; when blocks run out the latest-arrived running "
+                "request is preempted (recompute) and nothing is admitted in that step"),
+})
+#: unified presets run by a subclass, with its own options (name -> (class, {option: default}))
+_SUBCLASSED: dict[str, tuple[type, dict[str, float]]] = {"larry": (Larry, {"alpha": 1.0}), "trail": (Trail, {"c": 0.0})}
+_UNIFIED.update({
+    "larry": (ENGINE_003,
+              "LARRY (Kossmann et al. Sec. 4.1): decodes first, chunked, P = C; waiting requests by score = queue length "
+              "x prompt KV (tokens) - alpha x waiting time (s), lowest first, dispatched while the KV fits and the batch "
+              "has room; alpha = 1"),
+    "trail": (ENGINE_003,
+              "TRAIL+ (Kossmann et al. Sec. 2): shortest remaining output O - n first (true lengths; hypothetical: knows "
+              "O), running and waiting; decodes first, chunked, P = C; preempts for a shorter waiting request only while "
+              "n / O < c (c = 0: never)"),
+})
+#: option names that are another name of a UnifiedParams field, per preset
+_ALIASES = {"vllm-v1": {"max_num_seqs": "max_running", "max_num_batched_tokens": "token_limit"}}
 
 _OTHER: dict[str, tuple[type, str]] = {
     "mcsf": (MCSF, "MC-SF: keep running requests, admit shortest output first while the future peak KV fits; never evicts (Jaillet et al. Alg. 2)"),
     "fcfs-protect": (FcfsProtect, "alpha-protection greedy: FCFS admission under (1 - alpha) M, clears all running requests on overflow; alpha = 0.2 (Jaillet et al. Sec. 7)"),
     "spt-waves": (SptWaves, "shortest I + O first in waves that fit M and run alone (no hybrid mixing across waves), cut by "
                             "dynamic programming for the least mean latency; never evicts (hypothetical: knows O)"),
+    "apt-greedy": (AptGreedy, "Apt-Serve (Gao et al. Sec. 5) with KV cache only (beta = 0; its hidden cache is not modelled): "
+                              "prefill or decode iteration by the larger summed pending time, requests greedily by pending "
+                              "time per unit of KV under the memory left; no chunking, P = C; decode iterations preempt "
+                              "the lowest-ratio idle requests when M runs out"),
 }
 
 SCHEDULERS: dict[str, str] = {name: desc for name, (_, desc) in _UNIFIED.items()}
@@ -102,19 +144,26 @@ def get_scheduler(spec: str) -> Policy:
             overrides[key.strip()] = value.strip()
     if name in _UNIFIED:
         params, _ = _UNIFIED[name]
-        kinds = {"hybrid": bool, "chunked": bool, "prefill_limit": int}
-        allowed = {f.name for f in fields(UnifiedParams)}
-        values = {}
+        kinds = {"hybrid": bool, "chunked": bool, "prefill_limit": int, "max_running": int, "token_limit": int,
+                 "admit_after_evict": bool}
+        aliases = _ALIASES.get(name, {})
+        cls, extra = _SUBCLASSED.get(name, (UnifiedScheduler, {}))
+        allowed = {f.name for f in fields(UnifiedParams)} | set(aliases) | set(extra)
+        values, extras = {}, {}
         for key, text in overrides.items():
             if key not in allowed:
                 raise _bad_option(f"{spec}: {key}", f"unknown option; allowed: {', '.join(sorted(allowed))}")
-            values[key] = _parse_value(spec, key, text, kinds.get(key, str))
+            if key in extra:
+                extras[key] = _parse_value(spec, key, text, float)
+                continue
+            field = aliases.get(key, key)
+            values[field] = _parse_value(spec, key, text, kinds.get(field, str))
         try:
             params = UnifiedParams(**{**params.__dict__, **values})
+            label = spec if overrides else name
+            return cls(label, params, **extras) if extra else UnifiedScheduler(label, params)
         except ValueError as exc:
             raise _bad_option(spec, str(exc)) from None
-        label = spec if overrides else name
-        return UnifiedScheduler(label, params)
     if name in _OTHER:
         cls, _ = _OTHER[name]
         if name == "fcfs-protect":
@@ -143,4 +192,5 @@ def run_scheduler(instance, spec: str) -> SimulationResult:
 
 
 __all__ = ["SCHEDULERS", "FAST_HEURISTICS", "get_scheduler", "run_scheduler", "simulate", "Policy",
-           "SimulationResult", "UnifiedParams", "UnifiedScheduler", "MCSF", "FcfsProtect", "SptWaves"]
+           "SimulationResult", "UnifiedParams", "UnifiedScheduler", "MCSF", "FcfsProtect", "SptWaves", "Larry", "Trail",
+           "AptGreedy"]

@@ -8,8 +8,9 @@ running candidate short of memory evicts lower-priority running requests (or its
 when none is left); a waiting candidate short of memory or budget stops admission.
 
 Memory is accounted in reservations (`Policy.reserved`): a request admitted from the
-waiting queue reserves its whole sequence S (or I + O - 1 for eviction-free variants),
-a decode grows its reservation by one token. Actual KV never exceeds the reservations,
+waiting queue reserves its whole sequence S (or I + O - 1 for eviction-free variants; or,
+with `reserve="chunk"`, only the KV it holds after this batch, m + c, as vLLM V1 allocates
+blocks), a decode grows its reservation by one token. Actual KV never exceeds the reservations,
 so every batch respects M. With `reserve="future"` a waiting request is admitted only while
 MC-SF's projection of the running set's KV (each request one token a batch until its last)
 fits in M at every future batch (`_future_fits`).
@@ -26,12 +27,13 @@ from ..schedule import Batch, ReplayState
 from ..workload import Instance
 from .base import Policy, future_kv_fits
 
-PRIORITIES = ("prefill", "decode", "rank-i", "rank-o")
+PRIORITIES = ("prefill", "decode", "rank-i", "rank-o", "running")
 
 
 @dataclass(frozen=True)
 class UnifiedParams:
-    priority: str = "decode"  # prefill: waiting first (vLLM); decode: running decodes first (Sarathi); rank-i/o: one group by I or O
+    priority: str = "decode"  # prefill: waiting first (vLLM); decode: running decodes first (Sarathi); rank-i/o: one group by I or O;
+    # running: every running request (decodes and unfinished prefills alike, by admission key) before waiting ones (vLLM V1)
     hybrid: bool = True  # prefill-type and decode-type requests in one batch
     chunked: bool = True  # prefill chunks smaller than the remaining tokens
     prefill_limit: int | None = None  # the policy's P; None: the system's P (min of both applies)
@@ -39,6 +41,9 @@ class UnifiedParams:
     reserve: str = "incremental"  # or "peak": reserve I + O - 1 at admission (eviction-free); "future": _future_fits
     admit_order: str = "arrival"  # with priority prefill/decode, waiting requests by: arrival; output (O); work (I + O)
     decode_order: str = "arrival"  # or "longest-first": running decodes with larger m first (evict-short)
+    max_running: int | None = None  # at most this many running requests (admitted, unfinished); None: no cap
+    token_limit: int | None = None  # the policy's per-batch token budget (min with C applies); None: C
+    admit_after_evict: bool = True  # false: no admission in a batch that evicts (vLLM V1)
 
     def __post_init__(self):
         if self.priority not in PRIORITIES:
@@ -47,8 +52,12 @@ class UnifiedParams:
             raise ValueError(f"prefill_limit must be >= 1 (or none: the system's P), got {self.prefill_limit}")
         if self.victim not in ("lowest-priority", "shortest"):
             raise ValueError("victim must be lowest-priority or shortest")
-        if self.reserve not in ("incremental", "peak", "future"):
-            raise ValueError("reserve must be incremental, peak or future")
+        if self.reserve not in ("incremental", "peak", "future", "chunk"):
+            raise ValueError("reserve must be incremental, peak, future or chunk")
+        for key in ("max_running", "token_limit"):
+            v = getattr(self, key)
+            if v is not None and v < 1:
+                raise ValueError(f"{key} must be >= 1 (or none: no limit), got {v}")
         if self.admit_order not in ("arrival", "output", "work"):
             raise ValueError("admit_order must be arrival, output or work")
         if self.decode_order not in ("arrival", "longest-first"):
@@ -67,7 +76,8 @@ class UnifiedScheduler(Policy):
     def _P(self, instance: Instance) -> int:
         s = instance.system
         p = self.params.prefill_limit
-        return s.max_prefill_tokens if p is None else min(p, s.max_prefill_tokens)
+        P = s.max_prefill_tokens if p is None else min(p, s.max_prefill_tokens)
+        return P if self.params.token_limit is None else min(P, self.params.token_limit)
 
     def refuse_reason(self, instance: Instance) -> str | None:
         if self.params.chunked:
@@ -85,6 +95,8 @@ class UnifiedScheduler(Policy):
     def reset(self, instance: Instance) -> None:
         super().reset(instance)
         self.P = self._P(instance)
+        if self.params.token_limit is not None:
+            self.C = min(self.C, self.params.token_limit)
         reqs = instance.requests
         pr = self.params.priority
         if pr == "rank-i":
@@ -103,12 +115,20 @@ class UnifiedScheduler(Policy):
         return self._rank[i]
 
     # ------------------------------------------------------------------ ordering
+    def _waiting_order(self, st: ReplayState) -> list[int]:
+        """The waiting requests in admission order (subclasses with a time-dependent order override this)."""
+        return [i for _, i in self.waiting]
+
+    def _running_rank(self, st: ReplayState) -> list:
+        """Per request: the key that orders running requests (and picks lowest-priority victims)."""
+        return self._rank
+
     def _order(self, st: ReplayState) -> tuple[list[int], list[int]]:
         """(candidates in priority order, running requests in priority order)."""
         m, n, prompt = st.m, st.n, st.prompt
-        rank = self._rank
+        rank = self._running_rank(st)
         running = self.reserved
-        waiting_ids = [i for _, i in self.waiting]
+        waiting_ids = self._waiting_order(st)
         pr = self.params.priority
         if pr in ("rank-i", "rank-o"):
             run = sorted(running, key=lambda i: (rank[i], i))
@@ -122,9 +142,9 @@ class UnifiedScheduler(Policy):
         else:
             decodes.sort(key=lambda i: (rank[i], i))
         prefills.sort(key=lambda i: (rank[i], i))
-        if pr == "prefill":
+        if pr in ("prefill", "running"):
             run = sorted(running, key=lambda i: (rank[i], i))
-            return waiting_ids + run, run
+            return (waiting_ids + run if pr == "prefill" else run + waiting_ids), run
         run = decodes + prefills
         return run + waiting_ids, run
 
@@ -136,6 +156,8 @@ class UnifiedScheduler(Policy):
         blocks = self.blocks
         reserved = self.reserved
         peak_reserve = p.reserve == "peak"
+        chunk_reserve = p.reserve == "chunk"
+        max_running = p.max_running
         candidates, run_order = self._order(st)
         pos = {i: k for k, i in enumerate(run_order)}
         tail = len(run_order)  # victims are taken from run_order[.. tail)
@@ -152,7 +174,10 @@ class UnifiedScheduler(Policy):
             if i in gone:
                 continue
             running = i in reserved
-            if not running and not admit_open:
+            if not running and (not admit_open or (evicted and not p.admit_after_evict)):
+                continue
+            if not running and max_running is not None and len(reserved) >= max_running:
+                admit_open = False
                 continue
             S = prompt[i] + n[i]
             remaining = S - m[i]
@@ -172,10 +197,10 @@ class UnifiedScheduler(Policy):
                     continue
             # KV reservation
             if running:
-                new_res = max(reserved[i], S)
+                new_res = max(reserved[i], m[i] + c if chunk_reserve else S)
                 extra = blocks(new_res) - blocks(reserved[i])
             else:
-                new_res = self._peak[i] if peak_reserve else S
+                new_res = self._peak[i] if peak_reserve else (m[i] + c if chunk_reserve else S)
                 extra = blocks(new_res)
             if not running and p.reserve == "future" and not self._future_fits(st, tokens, gone, i, c, C - len(tokens)):
                 admit_open = False

@@ -32,6 +32,12 @@ def write_report(result) -> list[Path]:
         for y in plot.y:
             lines += [f"## {y} vs {plot.x} (objective {plot.objective})", "",
                       pivot_markdown(rows, plot.x, y, facets, plot.schedulers), ""]
+    if spec.claims:
+        from .claims import check_claims, claims_markdown
+
+        result.verdicts = check_claims(spec.claims, result.rows)
+        varying = [g for g in GRID_KEYS if len(spec.grid.get(g, ())) > 1]
+        lines[2:2] = ["## Claims", "", claims_markdown(result.verdicts, varying), ""]
     write_atomic(out_dir / "summary.md", "\n".join(lines))
     return paths
 

@@ -20,14 +20,17 @@ COLUMNS = (("point", "point_rows") + PARAM_COLUMNS + ("scheduler", "status", "no
            + ("gap_to_bound", "gap_to_best", "lower_bound", "bound_certified", "best_known", "point_seconds"))
 NUMERIC_COLUMNS = set(METRIC_COLUMNS) | {"gap_to_bound", "gap_to_best", "lower_bound", "best_known", "point_seconds",
                                          "prompt", "output", "requests", "kv_capacity", "max_batch_tokens",
-                                         "max_prefill_tokens", "block_size"}
+                                         "max_prefill_tokens", "block_size", "rate"}
 
 
 def evaluate_point(point: Point) -> list[dict]:
     """The rows of one point: compare() on its case, flattened into result-table rows. Runs in a worker."""
     t0 = time.perf_counter()
     run = point.run
-    table = compare(point.instance, run["schedulers"], solve=run["solve"], options=point.options)
+    from ...schedule import Slo
+
+    slo = Slo.parse(run["slo"]) if run.get("slo") else None
+    table = compare(point.instance, run["schedulers"], solve=run["solve"], options=point.options, slo=slo)
     seconds = time.perf_counter() - t0
     rows = []
     for r in table.rows:
@@ -69,6 +72,7 @@ class SweepResult:
     skipped: int  # points found complete in results.csv
     seconds: float
     plots: list[Path] = field(default_factory=list)
+    verdicts: list = field(default_factory=list)  # claims.ClaimVerdict per [[claim]] of the spec (set by the report)
 
 
 def run_sweep(spec: SweepSpec, out_dir: str | Path, *, backend: str = "local", workers: int | None = None,

@@ -24,11 +24,12 @@ from ..compare import METRIC_COLUMNS, resolve_schedulers
 # grid keys in the order the product runs over them (the first varies slowest)
 CASE_KEYS = ("case", "prompt", "output", "requests")
 SYSTEM_KEYS = ("kv_capacity", "max_batch_tokens", "max_prefill_tokens", "block_size")
-GRID_KEYS = CASE_KEYS + SYSTEM_KEYS + ("preset",)
+GRID_KEYS = CASE_KEYS + SYSTEM_KEYS + ("preset", "rate")
 #: expression names: what each grid key is called inside an expression (available once computed)
 SYMBOLS = {"prompt": "I", "output": "O", "requests": "N", "kv_capacity": "M", "max_batch_tokens": "C",
            "max_prefill_tokens": "P", "block_size": "b"}
-RUN_KEYS = {"schedulers", "objectives", "solve", "time_limit", "solver", "formulation"}
+RUN_KEYS = {"schedulers", "objectives", "solve", "time_limit", "solver", "formulation", "slo"}
+CLAIM_KEYS = {"text", "metric", "better", "than", "by", "higher", "where"}
 PLOT_KEYS = {"x", "y", "objective", "schedulers", "logx", "logy", "title"}
 #: the parameter columns of a point's result rows
 PARAM_COLUMNS = ("case",) + GRID_KEYS[1:] + ("objective",)
@@ -47,6 +48,23 @@ class PlotSpec:
     title: str = ""
 
 
+@dataclass(frozen=True)
+class ClaimSpec:
+    """A paper's claim checked at every point it covers: `better`'s `metric` beats each of `than` by the
+    factor `by` (lower is better: better * by <= other; with `higher`: better >= other * by)."""
+
+    text: str
+    metric: str
+    better: str
+    than: tuple[str, ...]
+    by: float = 1.0
+    higher: bool = False
+    where: tuple[tuple[str, tuple], ...] = ()  # (grid key, allowed values): the points the claim covers
+
+    def covers(self, params: dict) -> bool:
+        return all(params.get(k) in values for k, values in self.where)
+
+
 @dataclass
 class SweepSpec:
     name: str
@@ -60,6 +78,8 @@ class SweepSpec:
     formulation: str = SolveOptions.formulation
     plots: list[PlotSpec] = field(default_factory=list)
     description: str = ""
+    slo: str | None = None  # "ttft=S,tbt=S": every row gets slo_attainment
+    claims: list[ClaimSpec] = field(default_factory=list)
 
     def points(self) -> list["Point"]:
         """Every (case, objective) point, in grid order."""
@@ -73,6 +93,8 @@ class SweepSpec:
             params, instance = self._instance(values, cases.get(values.get("case")))
             for objective in self.objectives:
                 run = {"objective": objective, "schedulers": self.schedulers, "solve": self.solve}
+                if self.slo:
+                    run["slo"] = self.slo
                 if self.solve:
                     run.update(time_limit=self.time_limit, solver=self.solver, formulation=self.formulation)
                 out.append(Point(point_key(instance, run), {**params, "objective": objective}, instance, run,
@@ -110,6 +132,10 @@ class SweepSpec:
         params["preset"] = preset or ""
         cost = PRESETS[preset] if preset else base.cost
         requests = base.requests if base is not None else (Request(params["prompt"], params["output"]),) * params["requests"]
+        rate = values.get("rate")
+        params["rate"] = "" if rate is None else rate
+        if rate is not None:  # the rate factor: every arrival time divided by it
+            requests = tuple(Request(r.prompt, r.output, r.arrival / rate) for r in requests)
         name = params["case"]
         try:
             return params, Instance(tuple(requests), SystemConfig(**system), cost, name, source=f"{self.source}: {name}")
@@ -161,7 +187,7 @@ def load_spec(path: str | Path) -> SweepSpec:
 
 
 def parse_spec(data: dict, source: str = "<spec>", base_dir: Path = Path(".")) -> SweepSpec:
-    _check_keys(source, "", data, {"name", "description", "grid", "run", "plot"})
+    _check_keys(source, "", data, {"name", "description", "grid", "run", "plot", "claim"})
     for key in ("name", "description"):
         if key in data and not isinstance(data[key], str):
             raise InputError(source, key, f"must be a string, got {data[key]!r}")
@@ -188,6 +214,10 @@ def parse_spec(data: dict, source: str = "<spec>", base_dir: Path = Path(".")) -
             if key == "preset":
                 if v not in PRESETS:
                     raise InputError(source, "grid.preset", f"unknown preset {v!r}; known: {', '.join(PRESETS)}")
+            elif key == "rate":
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v > 0):
+                    raise InputError(source, "grid.rate", f"must be a finite number > 0 (the factor arrival rates are "
+                                                          f"multiplied by), got {v!r}")
             elif key != "case" and (isinstance(v, bool) or not isinstance(v, (int, float, str))):
                 raise InputError(source, f"grid.{key}", f"must be a number or an expression string, got {v!r}")
     run = data.get("run", {})
@@ -217,10 +247,53 @@ def parse_spec(data: dict, source: str = "<spec>", base_dir: Path = Path(".")) -
     formulation = run.get("formulation", SolveOptions.formulation)
     if formulation not in FORMULATIONS:
         raise InputError(source, "run.formulation", f"unknown formulation {formulation!r}; choose from {', '.join(FORMULATIONS)}")
+    slo = run.get("slo")
+    if slo is not None:
+        from ...schedule import Slo
+
+        if not isinstance(slo, str):
+            raise InputError(source, "run.slo", f"must be a string like \"ttft=1,tbt=1\", got {slo!r}")
+        slo = str(Slo.parse(slo, source, "run.slo"))
     spec = SweepSpec(data.get("name", Path(source).stem), source, grid, schedulers, list(objectives), solve,
-                     float(time_limit), solver, formulation, description=data.get("description", ""))
+                     float(time_limit), solver, formulation, description=data.get("description", ""), slo=slo)
     spec.plots = _plots(source, data.get("plot", []), spec)
+    spec.claims = _claims(source, data.get("claim", []), spec)
     return spec
+
+
+def _claims(source: str, entries, spec: SweepSpec) -> list[ClaimSpec]:
+    if isinstance(entries, dict):
+        entries = [entries]
+    if not isinstance(entries, list):
+        raise InputError(source, "claim", "must be an array of tables ([[claim]])")
+    claims = []
+    for k, entry in enumerate(entries):
+        where = f"claim[{k}]"
+        _check_keys(source, where, entry, CLAIM_KEYS)
+        for key in ("text", "metric", "better", "than"):
+            if key not in entry:
+                raise InputError(source, f"{where}.{key}", "missing")
+        if not isinstance(entry["text"], str):
+            raise InputError(source, f"{where}.text", "must be a string")
+        if entry["metric"] not in METRIC_COLUMNS:
+            raise InputError(source, f"{where}.metric", f"must be one of {', '.join(METRIC_COLUMNS)}, got {entry['metric']!r}")
+        than = entry["than"] if isinstance(entry["than"], list) else [entry["than"]]
+        for key, names in (("better", [entry["better"]]), ("than", than)):
+            if not names or any(n not in spec.schedulers for n in names):
+                raise InputError(source, f"{where}.{key}", f"must name schedulers of run.schedulers, got {entry[key]!r}")
+        by = entry.get("by", 1.0)
+        if isinstance(by, bool) or not isinstance(by, (int, float)) or not (math.isfinite(by) and by > 0):
+            raise InputError(source, f"{where}.by", f"must be a finite number > 0, got {by!r}")
+        if not isinstance(entry.get("higher", False), bool):
+            raise InputError(source, f"{where}.higher", "must be true or false")
+        limits = entry.get("where", {})
+        if not isinstance(limits, dict) or any(g not in spec.grid for g in limits):
+            raise InputError(source, f"{where}.where", f"must be a table of [grid] keys ({', '.join(spec.grid)}) to "
+                                                      f"lists of their values, got {limits!r}")
+        covered = tuple((g, tuple(v if isinstance(v, list) else [v])) for g, v in limits.items())
+        claims.append(ClaimSpec(entry["text"], entry["metric"], entry["better"], tuple(than), float(by),
+                                entry.get("higher", False), covered))
+    return claims
 
 
 def _case_files(source: str, patterns: list, base_dir: Path) -> list[str]:
