@@ -5,6 +5,8 @@ extra, and these commands say how to install it when it is missing.
 """
 from __future__ import annotations
 
+import argparse
+
 import json
 import os
 import sys
@@ -38,7 +40,8 @@ def register(sub) -> None:
                                                        "random subset)")
     p.set_defaults(func=cmd_profile)
 
-    p = sub.add_parser("calibrate", help="fit the six cost coefficients to a profile (non-negative least squares)")
+    p = sub.add_parser("calibrate", help="fit the cost model to a profile (non-negative least squares, token knees by "
+                                          "cross-validation)")
     p.add_argument("profile", help="CSV written by `kvbound profile`")
     p.add_argument("--out", required=True, help="write the [cost] table here (TOML)")
     p.add_argument("--plot", help="write a PNG of the fit here")
@@ -47,6 +50,9 @@ def register(sub) -> None:
                         f"as well (default: ${PROFILING_ENV}, else ../shared/data/profiling beside the repository; "
                         "skipped if absent)")
     p.add_argument("--seed", type=int, default=0, help="seed of the held-out split")
+    p.add_argument("--knees", type=_knees, default=None,
+                   help="batch-token counts where the per-token slope may bend, e.g. 256 or 256,1024; 'none' for the "
+                        "plain six-coefficient fit (default: picked by 5-fold cross-validation on the fitted batches)")
     p.set_defaults(func=cmd_calibrate)
 
     p = sub.add_parser("replay", help="execute a schedule on the executor: predicted vs measured latency")
@@ -116,17 +122,35 @@ def cmd_profile(args) -> int:
     return 0
 
 
+def _knees(text: str) -> tuple[int, ...]:
+    """`--knees`: increasing positive integers separated by commas, or `none`."""
+    if text.strip().lower() == "none":
+        return ()
+    try:
+        knees = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected integers separated by commas, or none") from None
+    if any(k < 1 for k in knees) or any(b <= a for a, b in zip(knees, knees[1:])):
+        raise argparse.ArgumentTypeError(f"{text!r}: knees must be increasing integers >= 1")
+    return knees
+
+
 def cmd_calibrate(args) -> int:
     from ..costs import FEATURES
     from ..costs.operator_profiles import fit_operator_profile
     from ..costs.calibrate import calibrate, cost_toml, read_profile
 
     features, seconds = read_profile(args.profile)
-    cal = calibrate(features, seconds, seed=args.seed)
+    cal = calibrate(features, seconds, seed=args.seed, knees=args.knees)
     held, fit = cal.held_out_quality, cal.train_quality
     print(f"{args.profile}: {len(seconds)} batches, {len(cal.train)} fitted, {len(cal.held_out)} held out")
     for name in FEATURES:
         print(f"  {name:<20} {getattr(cal.cost, name):.6g} s")
+    how = "picked by cross-validation on the fitted batches" if cal.knees_chosen else "given"
+    for knee, slope in zip(cal.cost.token_knees, cal.cost.per_token_above):
+        print(f"  per_token_above {knee:<5} {slope:.6g} s  (knee {how})")
+    if not cal.cost.token_knees:
+        print(f"  no token knee ({'none improved the cross-validated error by 5%' if cal.knees_chosen else 'none given'})")
     if cal.intercept_clamped:
         print("  (the fit put the intercept at 0; raised to 1e-9 s: the cost model needs intercept > 0)")
     print(f"held-out batches: R^2 {held.r2:.4f}, relative error mean {held.mean_relative_error:.1%}, "
@@ -159,7 +183,7 @@ def cmd_calibrate(args) -> int:
         from ..engine_bridge.plots import plot_calibration
         lines = [(f"{name} (R$^2$ {op.r2:.4f})", *_operator_points(path), op.intercept, op.per_token)
                  for name, path, op in operator_fits]
-        plot_calibration(args.plot, features @ cal.cost.coefficients, seconds, cal.held_out,
+        plot_calibration(args.plot, cal.cost.predict(features), seconds, cal.held_out,
                          f"executor profile: held-out R$^2$ {held.r2:.3f}, mean error {held.mean_relative_error:.1%}",
                          lines)
         print(f"plot written to {args.plot}")

@@ -1,9 +1,15 @@
-"""Fit the six cost coefficients to a batch profile (`kvbound profile`'s CSV) by non-negative least squares.
+"""Fit the cost model to a batch profile (`kvbound profile`'s CSV) by non-negative least squares.
 
 The fit minimises squared *relative* errors (each row is divided by its measured time), so
 that a 2 ms decode batch weighs as much as a 200 ms prefill: schedules are mostly small
 batches, and replay judges the model per batch. A random fifth of the batches is held out
 and the reported R^2 and relative errors are on those.
+
+Besides the six coefficients the fit may bend the per-token slope at token knees (the
+convex term of `CostModel`: a GPU turns compute-bound as a batch grows). `knees=None` picks
+them: knees from a grid are added one at a time while one improves the mean relative error
+of a 5-fold cross-validation *on the fitted batches* by at least 5% and 0.1 point (the held-out batches
+never take part in the choice, so their figures stay honest); `knees=()` fits none.
 """
 from __future__ import annotations
 
@@ -47,6 +53,7 @@ class Calibration:
     train_quality: FitQuality
     held_out_quality: FitQuality
     intercept_clamped: bool  # NNLS put the intercept at 0; it was raised to _MIN_INTERCEPT
+    knees_chosen: bool = False  # the knees were picked by cross-validation (not given)
 
 
 def read_profile(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
@@ -84,23 +91,80 @@ def read_profile(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
     return data[:, :-1], data[:, -1]
 
 
+#: knees tried when `calibrate` picks them (batch tokens)
+KNEE_GRID = (64, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
+#: at most this many knees are picked
+MAX_KNEES = 2
+#: a knee is kept only if it lowers the cross-validated mean relative error by this fraction
+KNEE_GAIN = 0.05
+#: ... and by at least this much in absolute terms (a fit already exact needs no more knees)
+KNEE_MIN_GAIN = 1e-3
+
+
 def calibrate(features: np.ndarray, seconds: np.ndarray, *, held_out_fraction: float = 0.2,
-              seed: int = 0) -> Calibration:
+              seed: int = 0, knees: tuple[int, ...] | None = None) -> Calibration:
     order = np.random.default_rng(seed).permutation(len(seconds))
     n_held = max(1, int(round(held_out_fraction * len(seconds))))
     held_out, train = np.sort(order[:n_held]), np.sort(order[n_held:])
-    weights = 1.0 / seconds[train]  # relative errors
-    coef, _ = nnls(features[train] * weights[:, None], seconds[train] * weights)
+    chosen = knees is None
+    if chosen:
+        knees = choose_knees(features[train], seconds[train], seed=seed)
+    knees = tuple(sorted(int(k) for k in knees))
+    coef, slopes = _fit(features[train], seconds[train], knees)
     clamped = coef[0] <= 0
     if clamped:
         coef[0] = _MIN_INTERCEPT
     try:
-        cost = CostModel(**{name: float(v) for name, v in zip(FEATURES, coef)})
+        cost = CostModel(**{name: float(v) for name, v in zip(FEATURES, coef)}, token_knees=knees,
+                         per_token_above=tuple(float(v) for v in slopes))
     except ValueError as exc:
         raise KvboundError(f"the fit gave an unusable cost model: {exc}") from None
-    predicted = features @ cost.coefficients
+    predicted = cost.predict(features)
     return Calibration(cost, train, held_out, FitQuality.of(predicted[train], seconds[train]),
-                       FitQuality.of(predicted[held_out], seconds[held_out]), clamped)
+                       FitQuality.of(predicted[held_out], seconds[held_out]), clamped, chosen)
+
+
+def choose_knees(features: np.ndarray, seconds: np.ndarray, *, seed: int = 0, folds: int = 5) -> tuple[int, ...]:
+    """Knees from `KNEE_GRID` (inside the profiled token range), added greedily while each lowers the
+    `folds`-fold cross-validated mean relative error by `KNEE_GAIN` (and `KNEE_MIN_GAIN`) or more;
+    at most `MAX_KNEES`."""
+    tokens = features[:, 1]
+    grid = [k for k in KNEE_GRID if (tokens > k).sum() >= 2 * len(FEATURES) and (tokens <= k).sum() >= 2 * len(FEATURES)]
+    fold_of = np.random.default_rng(seed + 1).permutation(len(seconds)) % folds
+    best, knees = _cv_error(features, seconds, (), fold_of, folds), ()
+    while len(knees) < MAX_KNEES:
+        trials = [(_cv_error(features, seconds, tuple(sorted(knees + (k,))), fold_of, folds), k)
+                  for k in grid if k not in knees]
+        if not trials:
+            break
+        error, knee = min(trials)
+        if error > best * (1 - KNEE_GAIN) or best - error < KNEE_MIN_GAIN:
+            break
+        best, knees = error, tuple(sorted(knees + (knee,)))
+    return knees
+
+
+def _cv_error(features, seconds, knees, fold_of, folds) -> float:
+    errors = []
+    for f in range(folds):
+        fit, test = fold_of != f, fold_of == f
+        coef, slopes = _fit(features[fit], seconds[fit], knees)
+        predicted = _design(features[test], knees) @ np.concatenate([coef, slopes])
+        errors.append(np.abs(predicted - seconds[test]) / seconds[test])
+    return float(np.concatenate(errors).mean())
+
+
+def _design(features: np.ndarray, knees) -> np.ndarray:
+    """The six features, then max(0, tokens - knee) per knee (the columns of the convex term)."""
+    tokens = features[:, 1:2]
+    return np.hstack([features] + [np.maximum(0.0, tokens - k) for k in knees])
+
+
+def _fit(features: np.ndarray, seconds: np.ndarray, knees) -> tuple[np.ndarray, np.ndarray]:
+    """Non-negative least squares on relative errors: (six coefficients, one slope per knee)."""
+    weights = 1.0 / seconds
+    coef, _ = nnls(_design(features, knees) * weights[:, None], seconds * weights)
+    return coef[:len(FEATURES)], coef[len(FEATURES):]
 
 
 def cost_toml(cost: CostModel, comment: str) -> str:

@@ -78,7 +78,7 @@ class ReplayResult:
     measured: np.ndarray  # seconds
 
     def predicted(self, cost: CostModel) -> np.ndarray:
-        return self.features @ cost.coefficients
+        return cost.predict(self.features)
 
 
 @dataclass

@@ -175,10 +175,15 @@ def point_key(instance: Instance, run: dict) -> str:
     data = {
         "requests": [[r.prompt, r.output, r.arrival] for r in instance.requests],
         "system": [s.kv_capacity, s.max_batch_tokens, s.max_prefill_tokens, s.block_size],
-        "cost": [float(v) for v in instance.cost.coefficients],
+        "cost": [float(v) for v in instance.cost.coefficients] + _kinks(instance.cost),
         "run": run,
     }
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _kinks(cost) -> list:
+    """The convex token term, when there is one (without it a point keeps the key it always had)."""
+    return [list(cost.token_knees), list(cost.per_token_above)] if cost.token_knees else []
 
 
 def load_spec(path: str | Path) -> SweepSpec:
