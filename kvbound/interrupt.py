@@ -77,6 +77,13 @@ def install() -> None:
     _state["installed"] = True
 
 
+def uninstall() -> None:
+    """Forget the handlers (the caller restores the previous ones) and any pending interrupt."""
+    _state["installed"] = False
+    _state["signal"] = None
+    _state["raise"] = True
+
+
 def installed() -> bool:
     return _state["installed"]
 

@@ -46,7 +46,7 @@ def register(sub) -> None:
                    help="folder of GPU operator profiles (<gpu>/<model>/mlp.csv) to fit per_token and intercept to "
                         f"as well (default: ${PROFILING_ENV}, else ../shared/data/profiling beside the repository; "
                         "skipped if absent)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the held-out split")
+    p.add_argument("--seed", type=seed, default=0, help="seed of the held-out split (0 to 2^32 - 1)")
     p.set_defaults(func=cmd_calibrate)
 
     p = sub.add_parser("replay", help="execute a schedule on the executor: predicted vs measured latency")
@@ -71,7 +71,7 @@ def _executor_options(p, *, shape_required: bool) -> None:
     p.add_argument("--threads", type=positive(int), default=1,
                    help="CPU threads for torch (default 1: steady timings on a shared machine; use the same "
                         "number to profile and to replay)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the weights and token ids")
+    p.add_argument("--seed", type=seed, default=0, help="seed of the weights and token ids (0 to 2^32 - 1)")
 
 
 def _torch(device: str):
