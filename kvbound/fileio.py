@@ -90,22 +90,22 @@ def check_out_folder(path: str | Path, field: str = "out") -> Path:
 MAX_INPUT_BYTES = 1 << 30
 
 
-def check_in_path(path: str | Path, limit: int = MAX_INPUT_BYTES) -> Path:
+def check_in_path(path: str | Path, limit: int = MAX_INPUT_BYTES, what: str = "file") -> Path:
     """A file kvbound will read: a regular file (not /dev/zero, a FIFO or a folder) of at most `limit` bytes."""
     path = Path(path)
     source = str(path)
     try:
         st = path.stat()
     except OSError as exc:
-        raise InputError(source, "", f"cannot read file: {exc.strerror or exc}") from None
+        raise InputError(source, "", f"cannot read {what}: {exc.strerror or exc}") from None
     import stat
 
     if stat.S_ISDIR(st.st_mode):
-        raise InputError(source, "", "cannot read file: is a folder")
+        raise InputError(source, "", f"cannot read {what}: is a folder")
     if not stat.S_ISREG(st.st_mode):
-        raise InputError(source, "", "cannot read file: not a regular file (a device, FIFO or socket)")
+        raise InputError(source, "", f"cannot read {what}: not a regular file (a device, FIFO or socket)")
     if st.st_size > limit:
-        raise InputError(source, "", f"cannot read file: {st.st_size:,} bytes, more than the {limit:,} kvbound reads")
+        raise InputError(source, "", f"cannot read {what}: {st.st_size:,} bytes, more than the {limit:,} kvbound reads")
     return path
 
 

@@ -118,6 +118,20 @@ def raises_now() -> bool:
 
 # ------------------------------------------------------------------------- what a hard exit cleans up
 
+_abandoned: list = []
+
+
+def abandon(thread) -> None:
+    """A solver thread that did not stop when asked; the CLI ends the process without waiting for it."""
+    with _lock:
+        _abandoned.append(thread)
+
+
+def abandoned() -> bool:
+    """Whether a solver thread still runs that was given up on."""
+    return any(t.is_alive() for t in _abandoned)
+
+
 def add_child(proc) -> None:
     with _lock:
         _children[id(proc)] = proc

@@ -369,7 +369,7 @@ def load_trace(path: str | Path, *, limit: int | None = None, offset: int = 0, t
     """
     path = Path(path)
     source = str(path)
-    check_in_path(path)
+    check_in_path(path, what="trace")
     try:
         handle = open(path, newline="", encoding="utf-8-sig")
     except OSError as exc:

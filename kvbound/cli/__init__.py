@@ -5,6 +5,7 @@ schedule given to `validate` is exit status 1.
 """
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
@@ -59,24 +60,30 @@ def main(argv: list[str] | None = None) -> int:
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     interrupt.reset()
     interrupt.install()  # Ctrl-C and SIGTERM: the command stops, reports what it knows, exits 130 / 143
+    rc = 0
     try:
         check_outputs(args)
         rc = args.func(args)
-        return interrupt.exit_status() if interrupt.requested() is not None else rc
+        rc = interrupt.exit_status() if interrupt.requested() is not None else rc
     except InputError as exc:
         print(f"error: {with_flag(exc, args.flags)}", file=sys.stderr)
-        return 2
+        rc = 2
     except KvboundError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        rc = 2
     except (Stopped, KeyboardInterrupt):
         print("error: interrupted", file=sys.stderr)
-        return interrupt.exit_status()
+        rc = interrupt.exit_status()
     except BrokenPipeError:
-        return 0
+        rc = 0
     finally:
         interrupt.cleanup()
+        if interrupt.abandoned():  # a solver thread that would not stop: end without waiting for it
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(rc)
         if threading.current_thread() is threading.main_thread():
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         interrupt.uninstall()
+    return rc

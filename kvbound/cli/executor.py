@@ -17,7 +17,7 @@ from ..errors import InputError, KvboundError
 from ..fileio import write_user_file
 from ..schedule import Schedule, ScheduleError, validate
 from ..workload import load_case, load_cost_file
-from .args import positive
+from .args import positive, seed
 
 #: where `calibrate` looks for GPU operator profiles unless --profiling names a folder
 PROFILING_ENV = "KVBOUND_PROFILING"

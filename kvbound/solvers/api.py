@@ -177,20 +177,16 @@ class Candidate:
     metrics: Metrics
 
 
-def heuristic_candidates(instance: Instance, names, constraints: Constraints,
-                         deadline: Deadline | None = None) -> list[Candidate]:
+def heuristic_candidates(instance: Instance, names, constraints: Constraints, deadline: Deadline | None = None,
+                         fallback: Deadline | None = None) -> list[Candidate]:
     """Valid schedules from the named heuristics (and the serial schedule), meeting the constraints.
 
-    With a `deadline`, the serial schedule is made first and each heuristic runs while time is
-    left; one cut short by the deadline or an interrupt is left out (the rest are kept)."""
+    With a `deadline`, each runs while time is left; one cut short by it or by an interrupt is
+    left out, the rest are kept. If none is made by then, the serial schedule still gets until
+    `fallback` (a later deadline): the solver needs a schedule to derive its horizon from."""
     deadline = deadline if deadline is not None else Deadline(None)
-    out, serial = [], None
+    out = []
     try:
-        with deadline.enforced():
-            order = list(constraints.admission_order) if constraints.admission_order is not None else None
-            sched = serial_schedule(instance, order, chunked=not constraints.no_chunk)
-            if sched is not None and satisfies(instance, sched, constraints):
-                serial = Candidate("serial", sched, validate(instance, sched).metrics)
         for name in names:
             with deadline.enforced():
                 try:
@@ -201,7 +197,16 @@ def heuristic_candidates(instance: Instance, names, constraints: Constraints,
                     out.append(Candidate(name, res.schedule, res.replay.metrics))
     except Stopped:
         pass
-    return out + ([serial] if serial is not None else [])
+    serial_deadline = deadline if out or fallback is None or interrupt.requested() is not None else fallback
+    try:
+        with serial_deadline.enforced():
+            order = list(constraints.admission_order) if constraints.admission_order is not None else None
+            serial = serial_schedule(instance, order, chunked=not constraints.no_chunk)
+            if serial is not None and satisfies(instance, serial, constraints):
+                out.append(Candidate("serial", serial, validate(instance, serial).metrics))
+    except Stopped:
+        pass
+    return out
 
 
 # ------------------------------------------------------------------------- solve
@@ -230,7 +235,8 @@ def solve_with(instance: Instance, options: SolveOptions, deadline: Deadline | N
     analytic = max(b.value for b in analytic_bounds(instance, objective))
     progress.report(phase="heuristics", analytic=analytic)
     # the heuristics get half of the time at most: the solver needs the rest
-    cands = heuristic_candidates(instance, list(options.warm_start or ()), constraints, deadline.share(HEURISTIC_SHARE))
+    cands = heuristic_candidates(instance, list(options.warm_start or ()), constraints, deadline.share(HEURISTIC_SHARE),
+                                 deadline)
     best = min(cands, key=lambda c: objective.of(c.metrics)) if cands else None
     # the horizon comes from the best schedule of all candidates (they meet the constraints)
     ub = objective.of(best.metrics) if best else None

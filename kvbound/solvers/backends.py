@@ -98,8 +98,13 @@ def solve_highs(arrays: ModelArrays, time_limit: float, warm: np.ndarray | None,
         sol.value_valid = True
         h.setSolution(sol)
     t0 = time.perf_counter()
-    _run_highs(h, deadline, verbose)
+    abandoned = _run_highs(h, deadline, verbose)
     seconds = time.perf_counter() - t0
+    if abandoned is not None:  # HiGHS did not stop in time: only the bound its callbacks reported
+        bound = abandoned.get("bound", -math.inf)
+        bound = bound if bound is not None and math.isfinite(bound) and not relax else -math.inf
+        return BackendOutcome("unknown", None, None, bound, seconds, None, {
+            "model_status": "ABANDONED", "abandoned": f"HiGHS did not stop within {STOP_GRACE:g} s of being asked"})
     ms = h.getModelStatus()
     info = h.getInfo()
     MS = highspy.HighsModelStatus
@@ -142,18 +147,23 @@ def solve_highs(arrays: ModelArrays, time_limit: float, warm: np.ndarray | None,
 HIGHS_GRACE = 0.5
 
 
-def _run_highs(h, deadline: Deadline, verbose: bool) -> None:
+def _run_highs(h, deadline: Deadline, verbose: bool) -> dict | None:
     """`h.run()` in HiGHS's solve thread while this thread waits, so that a signal is handled at once.
 
     HiGHS's interrupt callbacks stop it on an interrupt (kvbound.interrupt) or when it overruns
-    `deadline` by HIGHS_GRACE; its incumbent and bound are kept. Its log, with `verbose`, goes to
-    stderr through a callback: nothing of HiGHS's reaches stdout."""
+    `deadline` by HIGHS_GRACE; its incumbent and bound are kept. Some phases (presolve of a large
+    model) never call them: if HiGHS has not returned STOP_GRACE seconds after it was asked to stop,
+    it is abandoned (its thread left to finish alone; the CLI then ends the process) and the last
+    figures its callbacks reported are returned instead (None when it returned normally). Its log,
+    with `verbose`, goes to stderr through a callback: nothing of HiGHS's reaches stdout."""
     hard = deadline.share(1.0)
     hard.at += HIGHS_GRACE
+    seen: dict = {}
 
     def stop(event):
         try:
             out = event.data_out
+            seen["bound"] = out.mip_dual_bound
             progress.report(incumbent=out.objective_function_value, bound=out.mip_dual_bound)
         except Exception:  # an LP callback has no MIP figures
             pass
@@ -166,6 +176,7 @@ def _run_highs(h, deadline: Deadline, verbose: bool) -> None:
         h.setOptionValue("log_to_console", False)
         h.cbLogging.subscribe(lambda event: sys.stderr.write(event.message))
     thread = h.startSolve()
+    give_up = math.inf
     with interrupt.deferred():
         while True:
             try:
@@ -175,7 +186,14 @@ def _run_highs(h, deadline: Deadline, verbose: bool) -> None:
                 continue
             if done:
                 break
+            if give_up == math.inf and (interrupt.requested() is not None or hard.expired()):
+                h.cancelSolve()
+                give_up = time.monotonic() + STOP_GRACE
+            if time.monotonic() > give_up:
+                interrupt.abandon(thread)
+                return seen
     thread.join()
+    return None
 
 
 def bound_above(bound: float, value: float, rel: float = 1e-6) -> bool:
@@ -457,7 +475,8 @@ def solve_cbc(arrays: ModelArrays, time_limit: float, warm: np.ndarray | None, *
     import pulp
 
     limit = Deadline(time_limit)
-    prob, xs = build_pulp(arrays, names, deadline=limit)
+    with limit.enforced():  # building and writing the model are cut short at the limit
+        prob, xs = build_pulp(arrays, names, deadline=limit)
     if warm is not None:
         for var, v in zip(xs, warm):
             var.setInitialValue(round(v) if var.cat == pulp.LpInteger else float(v))
@@ -471,11 +490,12 @@ def solve_cbc(arrays: ModelArrays, time_limit: float, warm: np.ndarray | None, *
         solver.tmpDir = tmp
         mps, sol, mst, log = (os.path.join(tmp, f"model.{ext}") for ext in ("mps", "sol", "mst", "log"))
         t0 = time.perf_counter()
-        vs, var_names, con_names, _ = prob.writeMPS(mps, rename=1)
         args = [solver.path, mps]
-        if warm is not None:
-            solver.writesol(mst, prob, vs, var_names, con_names)
-            args += ["-mips", mst]
+        with limit.enforced():
+            vs, var_names, con_names, _ = prob.writeMPS(mps, rename=1)
+            if warm is not None:
+                solver.writesol(mst, prob, vs, var_names, con_names)
+                args += ["-mips", mst]
         args += ["-sec", str(max(1, int(math.ceil(limit.remaining()))))]
         args += [w for option in solver.options + solver.getOptions() for w in ("-" + option).split()]
         args += ["-solve", "-printingOptions", "all", "-solution", sol]
