@@ -437,11 +437,18 @@ def _tick_for(instance: Instance, horizon: int) -> float:
 
 def export_model(arrays, form, path: str) -> None:
     """Write the model as MPS or LP (by suffix) through PuLP, with readable variable names."""
+    import os
+    import tempfile
+
+    from ..fileio import write_user_file
+
     prob, _ = _pulp_with_names(arrays, form)
-    if path.endswith(".lp"):
-        prob.writeLP(path)
-    else:
-        prob.writeMPS(path)
+    suffix = ".lp" if path.endswith(".lp") else ".mps"
+    with tempfile.TemporaryDirectory(prefix="kvbound-export-") as tmp:  # PuLP writes in place: then one atomic write
+        staged = os.path.join(tmp, "model" + suffix)
+        prob.writeLP(staged) if suffix == ".lp" else prob.writeMPS(staged)
+        with open(staged, "rb") as handle:
+            write_user_file(path, handle.read())
 
 
 def _pulp_with_names(arrays, form):
