@@ -1,5 +1,5 @@
 """A live progress line on a terminal (stderr): elapsed time, best schedule, bound and gap, one line
-updated in place. Phases `report()` what they know; `line()` shows it while a command runs, and is
+updated in place (a carriage return and an erase-line escape, as tqdm draws its bars). Phases `report()` what they know; `line()` shows it while a command runs, and is
 silent when stderr is not a terminal (or when the command prints JSON).
 
 Backends report in model units (`incumbent`, `bound`); `solve_with` reports the `scale` that turns
@@ -49,17 +49,18 @@ def line(enabled: bool = True, stream=None, every: float = 0.5):
     if not enabled or not getattr(stream, "isatty", lambda: False)():
         yield
         return
-    from tqdm import tqdm
-
     _fields.clear()
     _active["on"] = True
     started = time.monotonic()
-    bar = tqdm(total=0, bar_format="{desc}", file=stream, leave=False, dynamic_ncols=True)
     stop = threading.Event()
+
+    def show(text: str) -> None:  # one line, rewritten in place (carriage return, erase to the end)
+        stream.write("\r" + text + "\x1b[K")
+        stream.flush()
 
     def refresh():
         while not stop.wait(every):
-            bar.set_description_str(_text(started))
+            show(_text(started))
 
     thread = threading.Thread(target=refresh, daemon=True)
     thread.start()
@@ -68,6 +69,8 @@ def line(enabled: bool = True, stream=None, every: float = 0.5):
     finally:
         stop.set()
         thread.join(timeout=1)
-        bar.close()
+        show("")
+        stream.write("\r")
+        stream.flush()
         _active["on"] = False
         _fields.clear()

@@ -153,3 +153,34 @@ def test_sweep_cut_short_resumes_exactly(tmp_path, workers, sig):
     assert done_before <= set(points)
     assert all(r["status"] != "interrupted" for r in rows)
     assert f"{len(done_before)} already done" in out.decode()
+
+
+# ------------------------------------------------------------------------------ the progress line
+
+class _Terminal:
+    def __init__(self, tty: bool):
+        self.text, self.tty = "", tty
+
+    def write(self, s):
+        self.text += s
+
+    def flush(self):
+        pass
+
+    def isatty(self):
+        return self.tty
+
+
+@pytest.mark.parametrize("tty,enabled", [(True, True), (False, True), (True, False)])
+def test_progress_line_only_on_a_terminal(tty, enabled):
+    from kvbound import progress
+
+    stream = _Terminal(tty)
+    with progress.line(enabled, stream=stream, every=0.05):
+        progress.report(phase="highs", best=2.0, analytic=1.0)
+        time.sleep(0.3)
+    if tty and enabled:
+        assert "\rbest" not in stream.text and "highs  best 2 s  bound 1 s  gap 50.00%" in stream.text
+        assert stream.text.endswith("\r")  # the line is erased: the result follows on a clean line
+    else:
+        assert stream.text == ""
