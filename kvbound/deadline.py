@@ -1,8 +1,18 @@
-"""One deadline per command: made at the edge from `--time-limit`, asked by every phase for the time left."""
+"""One deadline per command: made at the edge from `--time-limit`, asked by every phase for the time left.
+
+An interrupt (kvbound.interrupt: Ctrl-C, SIGTERM) ends every deadline at once: `remaining()` is 0
+from then on, so each phase that asks stops, and the backends stop their solvers.
+"""
 from __future__ import annotations
 
+import contextlib
 import math
+import signal
+import threading
 import time
+
+from . import interrupt
+from .interrupt import Stopped
 
 
 class Deadline:
@@ -17,14 +27,16 @@ class Deadline:
         self.at = self.started + self.limit
 
     def remaining(self) -> float:
-        """Seconds left (0 once passed; inf without a limit)."""
+        """Seconds left (0 once passed or interrupted; inf without a limit)."""
+        if interrupt.requested() is not None:
+            return 0.0
         return max(0.0, self.at - self._clock())
 
     def elapsed(self) -> float:
         return self._clock() - self.started
 
     def expired(self) -> bool:
-        return self._clock() >= self.at
+        return interrupt.requested() is not None or self._clock() >= self.at
 
     def share(self, fraction: float) -> "Deadline":
         """A deadline `fraction` of the time left from now, never later than this one."""
@@ -33,5 +45,36 @@ class Deadline:
         child.at = min(self.at, child.started + child.limit)
         return child
 
+    @contextlib.contextmanager
+    def enforced(self):
+        """Within: `Stopped` is raised when this deadline passes (SIGALRM; main thread, real clock) or
+        on an interrupt. For phases that cannot poll: heuristics, model building. Without SIGALRM (a
+        thread other than the main one) it only raises on entry if the deadline has already passed."""
+        if self.expired():
+            raise Stopped("interrupted" if interrupt.requested() is not None else "time limit")
+        usable = (threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer")
+                  and self._clock is time.monotonic and math.isfinite(self.at))
+        if not usable:
+            with interrupt.raising():
+                yield
+            return
+        previous_handler = signal.signal(signal.SIGALRM, _alarm)
+        previous_delay, _ = signal.getitimer(signal.ITIMER_REAL)
+        outer_at = time.monotonic() + previous_delay if previous_delay > 0 else math.inf
+        try:
+            with interrupt.raising():
+                signal.setitimer(signal.ITIMER_REAL, max(1e-3, min(self.at, outer_at) - time.monotonic()))
+                yield
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous_handler)
+            if math.isfinite(outer_at):  # an enclosing region's alarm goes on
+                signal.setitimer(signal.ITIMER_REAL, max(1e-3, outer_at - time.monotonic()))
+
     def __repr__(self) -> str:
         return f"Deadline(remaining={self.remaining():.3f} s of {self.limit:g} s)"
+
+
+def _alarm(signum, frame) -> None:
+    if interrupt.raises_now():
+        raise Stopped("time limit")

@@ -26,7 +26,7 @@ from .costs import PRESETS
 from .costs.presets import DEFAULT_PRESET
 from .errors import InputError
 from .fileio import write_user_file
-from .workload import Request
+from .workload import MAX_ARRIVAL, MAX_INT, MAX_REQUESTS, Request
 
 # --------------------------------------------------------------------------- trace fit
 # Fitted to ../shared/data/traces/splitwise_conv.csv (19,366 requests; columns
@@ -65,20 +65,37 @@ def max_output(prompt, kv_capacity: int, context: int = DEFAULT_CONTEXT):
     return np.minimum(np.minimum(TRACE_OUTPUT_MAX, context - prompt), kv_capacity - prompt + 1)
 
 
+#: Poisson rates `generate` takes, requests per second: the arrivals of a million requests at the
+#: lowest rate stay below the case files' MAX_ARRIVAL (with room for the Poisson tail)
+MIN_RATE = 1e-2
+MAX_RATE = 1e9
+
+
 def _check_options(requests: int, seed: int, rate: float | None, kv_capacity: int, max_batch_tokens: int,
                    context: int, preset: str) -> None:
     def positive_int(field, value, least=1):
         if not isinstance(value, int) or isinstance(value, bool) or value < least:
             raise InputError("", field, f"must be an integer >= {least}, got {value!r}")
 
+    def at_most(field, value, most, why=""):
+        if value > most:
+            raise InputError("", field, f"must be <= {most:,}{why}, got {value:,}")
+
     positive_int("requests", requests)
+    at_most("requests", requests, MAX_REQUESTS)
     positive_int("seed", seed, 0)
+    at_most("seed", seed, 2 ** 32 - 1, " (numpy's seed range)")
     positive_int("kv_capacity", kv_capacity)
     positive_int("max_batch_tokens", max_batch_tokens)
     positive_int("context", context, 2)
+    for field, value in (("kv_capacity", kv_capacity), ("max_batch_tokens", max_batch_tokens), ("context", context)):
+        at_most(field, value, MAX_INT, " (integers must stay below 2^53)")
     if rate is not None and (not isinstance(rate, (int, float)) or isinstance(rate, bool)
                              or not math.isfinite(rate) or rate <= 0):
         raise InputError("", "rate", f"must be a finite number > 0 (requests per second), got {rate!r}")
+    if rate is not None and not MIN_RATE <= rate <= MAX_RATE:
+        raise InputError("", "rate", f"must be between {MIN_RATE:g} and {MAX_RATE:g} requests per second "
+                                     f"(arrivals must stay below {MAX_ARRIVAL:g} s), got {rate:g}")
     if preset not in PRESETS:
         raise InputError("", "preset", f"unknown preset {preset!r}; known: {', '.join(PRESETS)}")
 

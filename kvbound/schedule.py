@@ -119,12 +119,10 @@ class Schedule:
     @classmethod
     def load(cls, path: str | Path) -> "Schedule":
         path = Path(path)
+        from .fileio import read_user_text
+
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise InputError(str(path), "", f"cannot read file: {exc.strerror or exc}") from None
-        except UnicodeDecodeError as exc:
-            raise InputError(str(path), "", f"cannot read file: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
+            data = json.loads(read_user_text(path))
         except json.JSONDecodeError as exc:
             raise InputError(str(path), "", f"malformed JSON: {exc}") from None
         return cls.from_json(data, str(path))

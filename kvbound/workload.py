@@ -18,6 +18,7 @@ import numpy as np
 from .accounting import round_to_blocks
 from .costs import FEATURES, PRESETS, CostModel
 from .errors import InputError
+from .fileio import check_in_path, read_user_text
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,21 @@ class Instance:
 
 # --------------------------------------------------------------------------- validation
 
+#: limits on what a case may ask for, checked when it is read (before any memory is spent on it):
+#: every integer below 2^53 (exact in the float models HiGHS and CBC solve)
+MAX_INT = 2 ** 53 - 1
+#: at most this many requests (a `count` beyond it is refused before the list is made)
+MAX_REQUESTS = 1_000_000
+#: a request's prompt + output, tokens (the simulator and the models grow with them)
+MAX_REQUEST_TOKENS = 2 ** 24
+#: all requests' prompt + output together, tokens (shipped cases: at most 26.5 million)
+MAX_TOTAL_TOKENS = 2 ** 28
+#: cost coefficients are finite and at most this (seconds per unit of their feature)
+MAX_COST = 1e3
+#: arrivals are finite and at most this many seconds (about 31.7 years)
+MAX_ARRIVAL = 1e9
+
+
 def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -98,21 +114,28 @@ def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _positive_int(source: str, name: str, value) -> int:
+def _positive_int(source: str, name: str, value, most: int = MAX_INT) -> int:
     if not _is_int(value):
         raise InputError(source, name, f"must be an integer, got {value!r}")
     if value < 1:
         raise InputError(source, name, f"must be >= 1, got {value}")
+    if value > most:
+        raise InputError(source, name, f"must be <= {most:,}, got {value:,}" + (" (integers must stay below 2^53)"
+                                                                               if most == MAX_INT else ""))
     return value
 
 
-def _nonneg_number(source: str, name: str, value) -> float:
+def _nonneg_number(source: str, name: str, value, most: float = math.inf) -> float:
     if not _is_number(value):
         raise InputError(source, name, f"must be a number, got {value!r}")
+    if _is_int(value) and abs(value) > MAX_INT:
+        raise InputError(source, name, f"must be <= {most:g}, got {value:.3g}")
     if not math.isfinite(value):
         raise InputError(source, name, f"must be finite, got {value}")
     if value < 0:
         raise InputError(source, name, f"must be >= 0, got {value}")
+    if value > most:
+        raise InputError(source, name, f"must be <= {most:g}, got {value:g}")
     return float(value)
 
 
@@ -126,16 +149,28 @@ def check_instance(inst: Instance, source: str = "") -> None:
                          f"P = {s.max_prefill_tokens} exceeds max_batch_tokens C = {s.max_batch_tokens}")
     if not inst.requests:
         raise InputError(source, "requests", "the request list is empty")
+    if len(inst.requests) > MAX_REQUESTS:
+        raise InputError(source, "requests", f"{len(inst.requests):,} requests; at most {MAX_REQUESTS:,}")
+    for k, value in enumerate(inst.cost.coefficients):
+        if not (math.isfinite(value) and 0 <= value <= MAX_COST):
+            raise InputError(source, f"cost.{FEATURES[k]}", f"must be finite, >= 0 and <= {MAX_COST:g}, got {value!r}")
+    total = 0
     for i, r in enumerate(inst.requests):
-        _positive_int(source, f"request {i}: prompt", r.prompt)
-        _positive_int(source, f"request {i}: output", r.output)
-        _nonneg_number(source, f"request {i}: arrival", r.arrival)
+        _positive_int(source, f"request {i}: prompt", r.prompt, MAX_REQUEST_TOKENS)
+        _positive_int(source, f"request {i}: output", r.output, MAX_REQUEST_TOKENS)
+        _nonneg_number(source, f"request {i}: arrival", r.arrival, MAX_ARRIVAL)
+        if r.prompt + r.output > MAX_REQUEST_TOKENS:
+            raise InputError(source, f"request {i}", f"prompt + output = {r.prompt + r.output:,} tokens; "
+                             f"at most {MAX_REQUEST_TOKENS:,}")
+        total += r.prompt + r.output
         peak = s.blocks(r.peak_kv)
         if peak > s.kv_capacity:
             raise InputError(source, f"request {i}",
                              f"peak KV {peak} tokens (prompt {r.prompt} + output {r.output} - 1"
                              f"{', in blocks of %d' % s.block_size if s.block_size > 1 else ''})"
                              f" exceeds kv_capacity {s.kv_capacity}")
+    if total > MAX_TOTAL_TOKENS:
+        raise InputError(source, "requests", f"{total:,} tokens of prompt and output in all; at most {MAX_TOTAL_TOKENS:,}")
 
 
 # --------------------------------------------------------------------------- case files
@@ -175,7 +210,7 @@ def parse_cost(source: str, table: dict) -> CostModel:
         values = PRESETS[name].as_dict()
     for name in FEATURES:
         if name in table:
-            values[name] = _nonneg_number(source, f"cost.{name}", table[name])
+            values[name] = _nonneg_number(source, f"cost.{name}", table[name], MAX_COST)
     if values.get("intercept", 0.0) <= 0:
         raise InputError(source, "cost.intercept", "must be > 0 (set it or name a preset)")
     if "token_knees" in table or "per_token_above" in table:
@@ -211,16 +246,18 @@ def _parse_requests(source: str, entries) -> list[Request]:
     if not isinstance(entries, list):
         raise InputError(source, "requests", "must be an array of tables ([[requests]])")
     out: list[Request] = []
+    if len(entries) > MAX_REQUESTS:
+        raise InputError(source, "requests", f"{len(entries):,} entries; at most {MAX_REQUESTS:,} requests")
     for k, entry in enumerate(entries):
         where = f"requests[{k}]"
         _check_keys(source, where, entry, _REQUEST_KEYS)
         for key in ("prompt", "output"):
             if key not in entry:
                 raise InputError(source, f"{where}.{key}", "missing")
-        prompt = _positive_int(source, f"{where}.prompt", entry["prompt"])
-        output = _positive_int(source, f"{where}.output", entry["output"])
-        count = _positive_int(source, f"{where}.count", entry.get("count", 1))
-        arrival = _nonneg_number(source, f"{where}.arrival", entry.get("arrival", 0.0))
+        prompt = _positive_int(source, f"{where}.prompt", entry["prompt"], MAX_REQUEST_TOKENS)
+        output = _positive_int(source, f"{where}.output", entry["output"], MAX_REQUEST_TOKENS)
+        count = _positive_int(source, f"{where}.count", entry.get("count", 1), MAX_REQUESTS - len(out))
+        arrival = _nonneg_number(source, f"{where}.arrival", entry.get("arrival", 0.0), MAX_ARRIVAL)
         out.extend(Request(prompt, output, arrival) for _ in range(count))
     return out
 
@@ -231,15 +268,14 @@ def load_case(path: str | Path) -> Instance:
     return parse_case(read_toml(path), str(path), base_dir=path.parent)
 
 
+#: largest TOML file read (a case with a million [[requests]] entries is about 60 MB)
+MAX_TOML_BYTES = 256 << 20
+
+
 def read_toml(path: str | Path) -> dict:
     """A TOML file's tables; an unreadable file or malformed TOML is bad input naming the file."""
     source = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise InputError(source, "", f"cannot read file: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise InputError(source, "", f"cannot read file: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
+    text = read_user_text(path, MAX_TOML_BYTES)
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -286,11 +322,11 @@ def _parse_workload(source: str, table, base_dir: Path) -> list[Request]:
         raise InputError(source, "workload.trace", f"must be a path string, got {trace!r}")
     limit = table.get("limit")
     if limit is not None:
-        limit = _positive_int(source, "workload.limit", limit)
+        limit = _positive_int(source, "workload.limit", limit, MAX_REQUESTS)
     offset = table.get("offset", 0)
-    if not _is_int(offset) or offset < 0:
-        raise InputError(source, "workload.offset", f"must be an integer >= 0, got {offset!r}")
-    time_scale = _nonneg_number(source, "workload.time_scale", table.get("time_scale", 1.0))
+    if not _is_int(offset) or not 0 <= offset <= MAX_INT:
+        raise InputError(source, "workload.offset", f"must be an integer >= 0 and < 2^53, got {offset!r}")
+    time_scale = _nonneg_number(source, "workload.time_scale", table.get("time_scale", 1.0), MAX_ARRIVAL)
     path = Path(trace)
     if not path.is_absolute():
         path = base_dir / path
@@ -350,6 +386,7 @@ def load_trace(path: str | Path, *, limit: int | None = None, offset: int = 0, t
     """
     path = Path(path)
     source = str(path)
+    check_in_path(path, what="trace")
     try:
         handle = open(path, newline="", encoding="utf-8-sig")
     except OSError as exc:
@@ -382,6 +419,9 @@ def load_trace(path: str | Path, *, limit: int | None = None, offset: int = 0, t
                     continue
                 if end is not None and k >= end:
                     break
+                if len(rows) >= MAX_REQUESTS:
+                    raise InputError(source, "", f"more than {MAX_REQUESTS:,} requests selected; "
+                                                 "select fewer with [workload] limit")
                 line = k + 2  # 1-based, after the header
                 if len(row) != len(header):
                     raise InputError(source, f"row {line}", f"expected {len(header)} fields, got {len(row)}")

@@ -159,11 +159,11 @@ def export_precomputed(instance: Instance, schedule_path: str | Path, out: str |
 def import_precomputed(instance: Instance, path: str | Path, out: str | Path | None = None) -> Schedule:
     """Read the paper's form, validate it on `instance` and (optionally) write kvbound's schedule JSON."""
     path = Path(path)
+    from ..fileio import read_user_text
+
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise InputError(str(path), "", f"cannot read file: {exc.strerror or exc}") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        data = json.loads(read_user_text(path))
+    except json.JSONDecodeError as exc:
         raise InputError(str(path), "", f"malformed JSON: {exc}") from None
     schedule = from_precomputed(instance, data, str(path))  # validated there
     if out is not None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import InputError
+from .. import fileio
 from ..fileio import save_figure_atomic
 from ..schedule import Schedule
 from ..workload import Instance
@@ -34,13 +34,8 @@ ROW_LIMIT = 250
 
 
 def check_out_path(out: str | Path, field: str = "out") -> Path:
-    """`out` as an image path; `field` names the argument that gave it in the error."""
-    path = Path(out)
-    if path.suffix.lower() not in FORMATS:
-        raise InputError("", field, f"{out}: the file name must end in {', '.join(FORMATS)}")
-    if not path.parent.is_dir():
-        raise InputError("", field, f"{out}: folder {str(path.parent)!r} does not exist")
-    return path
+    """`out` as an image path (.png, .svg or .pdf, in a writable folder); `field` names the argument."""
+    return fileio.check_out_path(out, field, FORMATS)
 
 
 def save(fig, out: str | Path | None, field: str = "out") -> None:

@@ -5,10 +5,15 @@ schedule given to `validate` is exit status 1.
 """
 from __future__ import annotations
 
+import os
+import signal
 import sys
+import threading
 
-from .. import __version__
+from .. import __version__, interrupt
 from ..errors import InputError, KvboundError
+from ..fileio import check_out_folder, check_out_path
+from ..interrupt import Stopped
 from . import analysis, basic, capacity, executor, solve
 from .args import Parser, with_flag
 
@@ -28,19 +33,57 @@ def build_parser() -> Parser:
     return parser
 
 
+#: (command, argument) -> the suffixes a file kvbound writes must have (None: any); every `--out`,
+#: `--export` and `--plot` is checked before the command starts work
+IMAGE = (".png", ".svg", ".pdf")
+OUT_SUFFIXES = {("solve", "export"): (".mps", ".lp"), ("compare", "plot"): IMAGE, ("plot", "out"): IMAGE,
+                ("calibrate", "plot"): IMAGE, ("replay", "plot"): IMAGE}
+#: arguments naming a folder rather than a file
+OUT_FOLDERS = {("sweep", "out")}
+
+
+def check_outputs(args) -> None:
+    """Every output path of the command, checked before any work starts (a result is never lost to a bad path)."""
+    for field in ("out", "export", "plot"):
+        value = getattr(args, field, None)
+        if not value:
+            continue
+        if (args.command, field) in OUT_FOLDERS:
+            check_out_folder(value, f"--{field}")
+        else:
+            check_out_path(value, f"--{field}", OUT_SUFFIXES.get((args.command, field)))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    interrupt.reset()
+    interrupt.install()  # Ctrl-C and SIGTERM: the command stops, reports what it knows, exits 130 / 143
+    rc = 0
     try:
-        return args.func(args)
+        check_outputs(args)
+        rc = args.func(args)
+        rc = interrupt.exit_status() if interrupt.requested() is not None else rc
     except InputError as exc:
         print(f"error: {with_flag(exc, args.flags)}", file=sys.stderr)
-        return 2
+        rc = 2
     except KvboundError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
+        rc = 2
+    except (Stopped, KeyboardInterrupt):
         print("error: interrupted", file=sys.stderr)
-        return 130
+        rc = interrupt.exit_status()
     except BrokenPipeError:
-        return 0
+        rc = 0
+    finally:
+        interrupt.cleanup()
+        if interrupt.abandoned():  # a solver thread that would not stop: end without waiting for it
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(rc)
+        if threading.current_thread() is threading.main_thread():
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        interrupt.uninstall()
+    return rc

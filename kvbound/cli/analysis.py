@@ -11,6 +11,7 @@ import json
 import sys
 from pathlib import Path
 
+from .. import progress
 from ..deadline import Deadline
 from ..schedule import Schedule, ScheduleError
 from ..workload import load_case
@@ -96,7 +97,8 @@ def cmd_compare(args) -> int:
     if args.plot:
         check_out_path(args.plot, "plot")  # before a long solve, not after
     instance = load_case(args.case)
-    table = compare(instance, args.schedulers, solve=args.solve, options=options, deadline=deadline, slo=args.slo)
+    with progress.line(not args.json):
+        table = compare(instance, args.schedulers, solve=args.solve, options=options, deadline=deadline, slo=args.slo)
     if args.plot:
         plot_comparison(table, args.plot, title=f"{instance.name or args.case}: {options.objective.replace('_', ' ')}")
     if args.json:

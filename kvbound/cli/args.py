@@ -17,17 +17,48 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"error: {message} (see `{self.prog} --help`)\n")
 
 
-def positive(kind):
-    """An argparse type: a finite number > 0 of `kind` (nan, inf, 0 and negatives are bad input, exit 2)."""
+#: integers kvbound accepts anywhere: below 2^53, so that they are exact in the float models
+MAX_INT = 2 ** 53 - 1
+#: the longest --time-limit, seconds (about 11.6 days)
+MAX_TIME_LIMIT = 1e6
+
+
+def number(kind, low: float, high: float, *, low_open: bool = False, what: str = ""):
+    """An argparse type: a finite `kind` in [low, high] ((low, high] with `low_open`); anything else
+    (nan, inf, out of range, too large for the solvers) is bad input, exit 2."""
     def parse(text: str):
         try:
             v = kind(text)
-        except ValueError:
+        except (ValueError, OverflowError):
             raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
-        if not (math.isfinite(v) and v > 0):  # integers say it as the case files do
-            raise argparse.ArgumentTypeError(f"must be >= 1, got {v}" if kind is int else f"must be a finite number > 0, got {text}")
+        if not (math.isfinite(v) and (v > low if low_open else v >= low)):
+            bound = f"{'>' if low_open else '>='} {low:g}"
+            kind_text = what or ("" if kind is int else "a finite number")
+            raise argparse.ArgumentTypeError(f"must be {kind_text + ' ' if kind_text else ''}{bound}, got {text}")
+        if v > high:
+            raise argparse.ArgumentTypeError(f"must be <= {high:g}, got {text}")
         return v
     return parse
+
+
+def positive(kind, high: float | None = None):
+    """An argparse type: a finite number > 0 of `kind`, at most `high` (integers: < 2^53)."""
+    if kind is int:
+        return number(int, 1, MAX_INT if high is None else high)
+    return number(float, 0, MAX_TIME_LIMIT if high is None else high, low_open=True)
+
+
+def seed(text: str) -> int:
+    """A random seed: an integer in [0, 2^32 - 1] (numpy's range)."""
+    return number(int, 0, 2 ** 32 - 1, what="an integer seed")(text)
+
+
+def percent(text: str) -> float:
+    """A percentage improvement: 0 <= X < 100 (100% better would be a latency of 0)."""
+    v = number(float, 0, 100, what="a percentage")(text)
+    if v >= 100:
+        raise argparse.ArgumentTypeError(f"must be a percentage >= 0 and < 100, got {text}")
+    return v
 
 
 def slo_type(text: str):
@@ -52,7 +83,8 @@ def add_objective(p, help: str | None = None) -> None:
 
 def add_time_limit(p, help: str = "seconds") -> None:
     p.add_argument("--time-limit", type=positive(float), default=DEFAULT_TIME_LIMIT,
-                   help=f"{help} (default {DEFAULT_TIME_LIMIT:g})")
+                   help=f"{help}, > 0 and <= {MAX_TIME_LIMIT:g} (default {DEFAULT_TIME_LIMIT:g}); the whole command "
+                        "keeps to it within max(2 s, 10%%)")
 
 
 def add_backend(p, help: str | None = None) -> None:

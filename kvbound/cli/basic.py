@@ -4,7 +4,9 @@ from __future__ import annotations
 import json
 import sys
 
-from ..fileio import write_json_atomic, write_user_file
+from ..fileio import write_user_file, write_user_json
+from ..generate import MAX_RATE, MIN_RATE
+from ..workload import MAX_REQUESTS
 from ..schedule import Metrics, Schedule, ScheduleError, validate
 from ..schedulers import SCHEDULERS, run_scheduler
 from ..workload import load_case
@@ -31,9 +33,10 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_schedulers)
 
     p = sub.add_parser("generate", help="write a seeded synthetic case file with trace-like lengths")
-    p.add_argument("--requests", type=int, required=True, help="number of requests")
-    p.add_argument("--seed", type=int, required=True)
-    p.add_argument("--rate", type=float, help="Poisson arrivals, requests per second (default: offline)")
+    p.add_argument("--requests", type=int, required=True, help=f"number of requests (at most {MAX_REQUESTS:,})")
+    p.add_argument("--seed", type=int, required=True, help="0 to 2^32 - 1")
+    p.add_argument("--rate", type=float, help=f"Poisson arrivals, requests per second, {MIN_RATE:g} to {MAX_RATE:g} "
+                                              "(default: offline)")
     p.add_argument("--kv-capacity", type=int, default=100_000, help="M, tokens (default 100000)")
     p.add_argument("--max-batch-tokens", type=int, default=4096, help="C (default 4096)")
     p.add_argument("--preset", default="llama2-7b-a100", help="cost preset (default llama2-7b-a100)")
@@ -74,7 +77,7 @@ def cmd_simulate(args) -> int:
     replay = validate(instance, Schedule.from_json(schedule_json))
     replay.apply_slo(args.slo)
     if args.out:
-        write_json_atomic(args.out, schedule_json)
+        write_user_json(args.out, schedule_json)
     if args.json:
         json.dump({"scheduler": result.policy, "metrics": replay.metrics.to_dict(), "schedule": schedule_json},
                   sys.stdout)

@@ -19,7 +19,7 @@ from ..errors import InputError, KvboundError
 from ..fileio import write_user_file
 from ..schedule import Schedule, ScheduleError, validate
 from ..workload import load_case, load_cost_file
-from .args import positive
+from .args import positive, seed
 
 #: where `calibrate` looks for GPU operator profiles unless --profiling names a folder
 PROFILING_ENV = "KVBOUND_PROFILING"
@@ -49,7 +49,7 @@ def register(sub) -> None:
                    help="folder of GPU operator profiles (<gpu>/<model>/mlp.csv) to fit per_token and intercept to "
                         f"as well (default: ${PROFILING_ENV}, else ../shared/data/profiling beside the repository; "
                         "skipped if absent)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the held-out split")
+    p.add_argument("--seed", type=seed, default=0, help="seed of the held-out split (0 to 2^32 - 1)")
     p.add_argument("--knees", type=_knees, default=None,
                    help="batch-token counts where the per-token slope may bend, e.g. 256 or 256,1024; 'none' for the "
                         "plain six-coefficient fit (default: picked by 5-fold cross-validation on the fitted batches)")
@@ -77,7 +77,7 @@ def _executor_options(p, *, shape_required: bool) -> None:
     p.add_argument("--threads", type=positive(int), default=1,
                    help="CPU threads for torch (default 1: steady timings on a shared machine; use the same "
                         "number to profile and to replay)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the weights and token ids")
+    p.add_argument("--seed", type=seed, default=0, help="seed of the weights and token ids (0 to 2^32 - 1)")
 
 
 def _torch(device: str):

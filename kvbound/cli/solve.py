@@ -5,14 +5,15 @@ import json
 import math
 import sys
 
+from .. import interrupt, progress
 from ..deadline import Deadline
 from ..errors import InputError
-from ..fileio import write_json_atomic
+from ..fileio import write_user_json
 from ..formulation.base import Constraints
 from ..schedulers import FAST_HEURISTICS, SCHEDULERS
 from ..solvers.api import solve_with
 from ..workload import load_case
-from .args import add_backend, add_objective, add_time_limit, positive, solve_options
+from .args import add_backend, add_objective, add_time_limit, percent, positive, solve_options
 
 
 def register(sub) -> None:
@@ -42,7 +43,8 @@ def register(sub) -> None:
     g.add_argument("--compare", metavar="A",
                    help="hypothesis: constraint set A is strictly better than --vs B; sets are '+'-joined from "
                         "default, no-evict, no-chunk, no-hybrid, batch<=K")
-    p.add_argument("--by", type=float, default=0.0, help="percent improvement for --better-than (default 0: strictly better)")
+    p.add_argument("--by", type=percent, default=0.0,
+                   help="percent improvement for --better-than, 0 <= X < 100 (default 0: strictly better)")
     p.add_argument("--vs", metavar="B", help="the other constraint set for --compare")
     p.set_defaults(func=cmd_prove)
 
@@ -76,13 +78,23 @@ def cmd_solve(args) -> int:
     options = solve_options(args, warm_start=_warm(args.warm_start), horizon=args.horizon, constraints=constraints,
                             verbose=args.verbose, export=args.export)
     instance = load_case(args.case)
-    res = solve_with(instance, options, deadline)
+    with progress.line(not args.json):
+        res = solve_with(instance, options, deadline)
+    with interrupt.deferred():  # an interrupt now changes nothing: the result is written and printed
+        return _report_solve(args, instance, options, res)
+
+
+def _report_solve(args, instance, options, res) -> int:
+    failed = None
     if args.out and res.schedule is not None:
-        write_json_atomic(args.out, res.schedule.to_json())
+        try:
+            write_user_json(args.out, res.schedule.to_json())
+        except InputError as exc:  # checked before solving; still, the result is printed before the error
+            failed = exc
     if args.json:
         json.dump(res.to_json(), sys.stdout)
         print()
-        return 0
+        return _failed_write(failed)
     print(f"{instance.name or args.case}: {options.objective}, solver {res.solver}, formulation {res.formulation}")
     print(f"  status       {res.status}")
     print(f"  objective    {_fmt(res.objective)} s  (best schedule from {res.source or 'none'}, exact by the validator)")
@@ -97,9 +109,18 @@ def cmd_solve(args) -> int:
     print(f"  time         {res.seconds:.2f} s (model build {res.build_seconds:.2f} s)")
     if args.export:
         print(f"  model written to {args.export}")
-    if args.out and res.schedule is not None:
+    if args.out and res.schedule is not None and failed is None:
         print(f"  schedule written to {args.out}")
-    return 0
+    return _failed_write(failed)
+
+
+def _failed_write(failed: InputError | None) -> int:
+    """After the result is printed: a write that failed anyway is one error line, exit 2."""
+    if failed is None:
+        return 0
+    sys.stdout.flush()
+    print(f"error: {failed}", file=sys.stderr)
+    return 2
 
 
 def cmd_bound(args) -> int:
@@ -109,7 +130,8 @@ def cmd_bound(args) -> int:
     options = solve_options(args)
     objective = options.objective
     instance = load_case(args.case)
-    bounds, res = lower_bounds(instance, options, deadline)
+    with progress.line(not args.json):
+        bounds, res = lower_bounds(instance, options, deadline)
     certified = [b.value for b in bounds if b.certified and math.isfinite(b.value)]
     best = max(certified) if certified else None
     if args.json:
@@ -154,11 +176,12 @@ def cmd_prove(args) -> int:
     instance = load_case(args.case)
     if args.compare and not args.vs:
         raise InputError("--vs", "", "--compare needs --vs B")
-    if args.better_than:
-        out = better_than(instance, args.better_than, args.by, options, deadline)
-    else:
-        out = compare_sets(instance, args.compare, parse_constraint_set(args.compare), args.vs,
-                           parse_constraint_set(args.vs), options, deadline)
+    sets = None if args.better_than else (parse_constraint_set(args.compare), parse_constraint_set(args.vs))
+    with progress.line(not args.json):
+        if args.better_than:
+            out = better_than(instance, args.better_than, args.by, options, deadline)
+        else:
+            out = compare_sets(instance, args.compare, sets[0], args.vs, sets[1], options, deadline)
     if args.json:
         print(json.dumps(out))
         return 0

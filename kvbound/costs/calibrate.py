@@ -23,11 +23,16 @@ from scipy.optimize import nnls
 
 from .model import FEATURES, CostModel
 from ..errors import InputError, KvboundError
+from ..fileio import check_in_path
 
 #: the profile CSV's feature columns, in the order of FEATURES (the coefficient each multiplies)
 FEATURE_COLUMNS = ("batches", "tokens", "decode_kv", "prefill_attention", "prefill_kv", "prefill_requests")
 TIME_COLUMN = "seconds"
 _MIN_INTERCEPT = 1e-9  # the cost model needs intercept > 0
+#: a profile's measured batch time, seconds, is at most this (an hour: no batch takes longer)
+MAX_SECONDS = 3600.0
+#: a profile's feature values are at most this (prefill_attention of a 2^24-token prompt is 2^48)
+MAX_FEATURE = 2.0 ** 53
 
 
 @dataclass(frozen=True)
@@ -59,6 +64,7 @@ class Calibration:
 def read_profile(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
     """The feature matrix [batches, 6] and measured seconds of a profile CSV."""
     source = str(path)
+    check_in_path(path)
     try:
         with open(path, newline="", encoding="utf-8") as handle:
             reader = csv.DictReader(handle)
@@ -84,6 +90,9 @@ def read_profile(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
             if not math.isfinite(value) or value < 0 or (column == TIME_COLUMN and value == 0):
                 raise InputError(source, f"row {k + 2}, {column}",
                                  f"must be a finite number {'> 0' if column == TIME_COLUMN else '>= 0'}, got {value}")
+            most = MAX_SECONDS if column == TIME_COLUMN else MAX_FEATURE
+            if value > most:
+                raise InputError(source, f"row {k + 2}, {column}", f"must be <= {most:g}, got {value:g}")
             data[k, j] = value
     if len(rows) < 2 * len(FEATURES):
         raise InputError(source, "", f"{len(rows)} batches; a fit of {len(FEATURES)} coefficients with held-out "

@@ -6,6 +6,7 @@
 """
 from __future__ import annotations
 
+import math
 from dataclasses import fields
 
 from ..errors import InputError
@@ -122,13 +123,24 @@ def _parse_value(spec: str, key: str, text: str, kind):
         if text.lower() in ("false", "0", "no", "off"):
             return False
         raise _bad_option(f"{spec}: {key}", f"expected true or false, got {text!r}")
-    try:
-        if kind is int:
-            return None if text.lower() == "none" else int(text)
-        if kind is float:
-            return float(text)
-    except ValueError:
-        raise _bad_option(f"{spec}: {key}", f"expected a number, got {text!r}") from None
+    if kind is int:
+        if text.lower() == "none":
+            return None
+        try:
+            value = float(text) if any(ch in text.lower() for ch in ".e") else int(text)
+        except ValueError:
+            raise _bad_option(f"{spec}: {key}", f"expected an integer, got {text!r}") from None
+        if not (math.isfinite(value) and value == int(value) and abs(value) < 2 ** 53):
+            raise _bad_option(f"{spec}: {key}", f"expected an integer below 2^53, got {text!r}")
+        return int(value)
+    if kind is float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise _bad_option(f"{spec}: {key}", f"expected a number, got {text!r}") from None
+        if not math.isfinite(value):
+            raise _bad_option(f"{spec}: {key}", f"expected a finite number, got {text!r}")
+        return value
     return text
 
 

@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..accounting import is_decode_type, largest_batch_time
+from .. import interrupt, progress
 from ..deadline import Deadline
+from ..interrupt import Stopped
 from ..errors import InputError, KvboundError, SchedulerRefused, SchedulerStuck
 from ..formulation import FORMULATION_KINDS, FormulationKind
 from ..formulation.base import Constraints, first_token_prefix, horizon_for, stops_at_first_tokens
@@ -175,20 +177,35 @@ class Candidate:
     metrics: Metrics
 
 
-def heuristic_candidates(instance: Instance, names, constraints: Constraints) -> list[Candidate]:
-    """Valid schedules from the named heuristics (and the serial schedule), meeting the constraints."""
+def heuristic_candidates(instance: Instance, names, constraints: Constraints, deadline: Deadline | None = None,
+                         fallback: Deadline | None = None) -> list[Candidate]:
+    """Valid schedules from the named heuristics (and the serial schedule), meeting the constraints.
+
+    With a `deadline`, each runs while time is left; one cut short by it or by an interrupt is
+    left out, the rest are kept. If none is made by then, the serial schedule still gets until
+    `fallback` (a later deadline): the solver needs a schedule to derive its horizon from."""
+    deadline = deadline if deadline is not None else Deadline(None)
     out = []
-    for name in names:
-        try:
-            res = run_scheduler(instance, name)
-        except (SchedulerRefused, SchedulerStuck):
-            continue
-        if satisfies(instance, res.schedule, constraints):
-            out.append(Candidate(name, res.schedule, res.replay.metrics))
-    order = list(constraints.admission_order) if constraints.admission_order is not None else None
-    serial = serial_schedule(instance, order, chunked=not constraints.no_chunk)
-    if serial is not None and satisfies(instance, serial, constraints):
-        out.append(Candidate("serial", serial, validate(instance, serial).metrics))
+    try:
+        for name in names:
+            with deadline.enforced():
+                try:
+                    res = run_scheduler(instance, name)
+                except (SchedulerRefused, SchedulerStuck):
+                    continue
+                if satisfies(instance, res.schedule, constraints):
+                    out.append(Candidate(name, res.schedule, res.replay.metrics))
+    except Stopped:
+        pass
+    serial_deadline = deadline if out or fallback is None or interrupt.requested() is not None else fallback
+    try:
+        with serial_deadline.enforced():
+            order = list(constraints.admission_order) if constraints.admission_order is not None else None
+            serial = serial_schedule(instance, order, chunked=not constraints.no_chunk)
+            if serial is not None and satisfies(instance, serial, constraints):
+                out.append(Candidate("serial", serial, validate(instance, serial).metrics))
+    except Stopped:
+        pass
     return out
 
 
@@ -215,11 +232,18 @@ def solve_with(instance: Instance, options: SolveOptions, deadline: Deadline | N
     backend = _lookup(BACKENDS, options.backend, "solver")
     if options.formulation != "auto":
         _lookup(FORMULATION_KINDS, options.formulation, "formulation")
-    cands = heuristic_candidates(instance, list(options.warm_start or ()), constraints)
+    analytic = max(b.value for b in analytic_bounds(instance, objective))
+    progress.report(phase="heuristics", analytic=analytic)
+    # the heuristics get half of the time at most: the solver needs the rest
+    cands = heuristic_candidates(instance, list(options.warm_start or ()), constraints, deadline.share(HEURISTIC_SHARE),
+                                 deadline)
     best = min(cands, key=lambda c: objective.of(c.metrics)) if cands else None
     # the horizon comes from the best schedule of all candidates (they meet the constraints)
     ub = objective.of(best.metrics) if best else None
+    progress.report(best=ub)
     kind = _pick_formulation(instance, options, ub)
+    if best is None and deadline.expired():  # stopped before any schedule: the analytic bound stands
+        return _stopped_result(instance, options, backend, kind, analytic, deadline)
     J, certified, why = _horizon(instance, options, kind, ub)
     if best is not None:
         prefix = best.schedule
@@ -235,21 +259,40 @@ def solve_with(instance: Instance, options: SolveOptions, deadline: Deadline | N
         out = BackendOutcome("unknown", None, None, -math.inf, 0.0, None,
                              {"skipped": f"the {kind.name} model would have ~{size:,} variables (limit {MODEL_LIMIT:,})"})
     else:
-        t_build = time.perf_counter()
-        form = kind.build(instance, objective, J, constraints, tick=tick)
-        arrays = form.model.finalize()
-        build_seconds = time.perf_counter() - t_build
-        if options.export:
-            export_model(arrays, form, options.export)
-        warm_x = None
-        if best is not None and options.warm_start and (cap is None or ub <= cap * (1 + 1e-12)):
-            warm_x, warm_name = form.warm_start(best.schedule), best.name
-            bad = arrays.check(warm_x)
-            if bad:  # a formulation bug: say so instead of silently starting cold
-                raise RuntimeError(f"warm start from {best.name} violates the {form.name} model: {bad[0]}")
-        out = backend.run(arrays, max(0.5, deadline.remaining()), warm_x, verbose=options.verbose)
-        scale = form.objective_scale()
-    # the solver's schedule, re-evaluated exactly
+        try:
+            progress.report(phase="model")
+            t_build = time.perf_counter()
+            with deadline.enforced():  # building cannot ask the deadline: it is cut short when it passes
+                form = kind.build(instance, objective, J, constraints, tick=tick)
+                arrays = form.model.finalize()
+            build_seconds = time.perf_counter() - t_build
+            if options.export:
+                export_model(arrays, form, options.export)
+            warm_x = None
+            if best is not None and options.warm_start and (cap is None or ub <= cap * (1 + 1e-12)):
+                warm_x, warm_name = form.warm_start(best.schedule), best.name
+                bad = arrays.check(warm_x)
+                if bad:  # a formulation bug: say so instead of silently starting cold
+                    raise RuntimeError(f"warm start from {best.name} violates the {form.name} model: {bad[0]}")
+            scale = form.objective_scale()
+            progress.report(phase=backend.name, scale=scale, bound_certified=certified)
+            out = backend.run(arrays, max(0.5, deadline.remaining()), warm_x, verbose=options.verbose)
+        except Stopped as stop:  # the model build (or the CBC model) was cut short: the heuristics stand
+            build_seconds = time.perf_counter() - t_build if form is None else build_seconds
+            out = BackendOutcome("unknown", None, None, -math.inf, 0.0, None, {"stopped": f"{stop.reason} before the solver ran"})
+    with interrupt.deferred():  # what is known is reported, whatever comes now
+        return _result(instance, options, backend, kind, form, out, cands, analytic, certified, why, J, tick, size,
+                       scale, warm_name, build_seconds, deadline)
+
+
+#: the part of the time limit the warm-start heuristics may use (they stop at it; the solver gets the rest)
+HEURISTIC_SHARE = 0.5
+
+
+def _result(instance, options, backend, kind, form, out, cands, analytic, certified, why, J, tick, size, scale,
+            warm_name, build_seconds, deadline) -> Result:
+    """The solver's schedule, re-evaluated exactly, against the heuristics'; the certified bound; the status."""
+    objective, constraints, cap = options.objective, options.constraints, options.constraints.objective_cap
     schedules: list[Candidate] = []
     if out.x is not None:
         sched = form.extract(out.x)  # None: a first-token prefix that cannot be completed without evicting
@@ -259,13 +302,12 @@ def solve_with(instance: Instance, options: SolveOptions, deadline: Deadline | N
     chosen = min(schedules, key=lambda c: objective.of(c.metrics)) if schedules else None
     value = objective.of(chosen.metrics) if chosen else None
     solver_bound = out.bound / scale if math.isfinite(out.bound) else out.bound
-    analytic = max(b.value for b in analytic_bounds(instance, objective))
     discarded = None
     if value is not None and bound_above(solver_bound, value, REL_TOL):
         # a validated schedule beats the solver's "lower bound": a solver or formulation bug. Never
         # report it; fall back to the analytic bound and say so.
         discarded = f"the {backend.name} bound {solver_bound:.9g} is above a validated schedule's {value:.9g}; discarded"
-        warnings.warn(discarded, RuntimeWarning, stacklevel=2)
+        warnings.warn(discarded, RuntimeWarning, stacklevel=3)
         solver_bound = -math.inf
     lower = max(solver_bound, analytic) if certified else analytic
     if out.status == "infeasible" and certified and discarded is None:
@@ -277,16 +319,37 @@ def solve_with(instance: Instance, options: SolveOptions, deadline: Deadline | N
     else:
         status = "unknown"
     gap = max(0.0, (value - lower) / value) if value is not None and math.isfinite(lower) and value > 0 else None
+    message = _message(status, value, lower, gap, certified, out)
+    status, message = _if_interrupted(status, message)
     return Result(
         status, objective, value, lower, certified, gap, backend.name, kind.name, deadline.elapsed(),
         chosen.schedule if chosen else None, chosen.metrics if chosen else None, chosen.name if chosen else "",
-        message=_message(status, value, lower, gap, certified, out),
+        message=message,
         horizon=J, horizon_reason=why, warm_start=warm_name, warm_start_accepted=out.warm_start_accepted,
         build_seconds=build_seconds, backend_seconds=out.seconds, backend_status=out.status,
         solver_bound=solver_bound, analytic_bound=analytic,
         conditional_bound=None if certified else solver_bound, bound_discarded=discarded,
         model=form.info if form else {"variables": size}, tick=tick, constraints=tuple(constraints.describe()),
         formulation_requested=options.formulation, backend_stats=dict(out.stats))
+
+
+def _if_interrupted(status: str, message: str) -> tuple[str, str]:
+    """An interrupted call says so (status "interrupted"); what it knew is kept. A library caller
+    (no signal handler installed) may solve again: the interrupt is then forgotten."""
+    if interrupt.requested() is None:
+        return status, message
+    if not interrupt.installed():
+        interrupt.reset()
+    return "interrupted", f"interrupted ({status}): {message}"
+
+
+def _stopped_result(instance, options, backend, kind, analytic: float, deadline: Deadline) -> Result:
+    """Stopped (time limit or interrupt) before any schedule was known: only the analytic bound."""
+    status, message = _if_interrupted("unknown", "stopped before any schedule was found; the bound is analytic")
+    return Result(status, options.objective, None, analytic, True, None, backend.name, kind.name, deadline.elapsed(),
+                  None, message=message, horizon_reason="no schedule to derive a horizon from",
+                  analytic_bound=analytic, constraints=tuple(options.constraints.describe()),
+                  formulation_requested=options.formulation, backend_stats={"stopped": "before any schedule was found"})
 
 
 def _lookup(table: dict, name: str, what: str):
@@ -374,11 +437,18 @@ def _tick_for(instance: Instance, horizon: int) -> float:
 
 def export_model(arrays, form, path: str) -> None:
     """Write the model as MPS or LP (by suffix) through PuLP, with readable variable names."""
+    import os
+    import tempfile
+
+    from ..fileio import write_user_file
+
     prob, _ = _pulp_with_names(arrays, form)
-    if path.endswith(".lp"):
-        prob.writeLP(path)
-    else:
-        prob.writeMPS(path)
+    suffix = ".lp" if path.endswith(".lp") else ".mps"
+    with tempfile.TemporaryDirectory(prefix="kvbound-export-") as tmp:  # PuLP writes in place: then one atomic write
+        staged = os.path.join(tmp, "model" + suffix)
+        prob.writeLP(staged) if suffix == ".lp" else prob.writeMPS(staged)
+        with open(staged, "rb") as handle:
+            write_user_file(path, handle.read())
 
 
 def _pulp_with_names(arrays, form):

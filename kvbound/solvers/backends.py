@@ -5,9 +5,14 @@ All bounds are in model units (seconds, or ticks for the integer-scaled CP-SAT m
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
+import signal
+import subprocess
+import sys
+import threading
 import tempfile
 import time
 import warnings
@@ -16,7 +21,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .. import interrupt, progress
 from ..deadline import Deadline
+from ..interrupt import Stopped
 from ..formulation.model import ModelArrays
 
 #: relative error of the figures CBC hands back through text files (8 significant digits)
@@ -90,10 +97,14 @@ def solve_highs(arrays: ModelArrays, time_limit: float, warm: np.ndarray | None,
         sol.col_value = list(map(float, warm))
         sol.value_valid = True
         h.setSolution(sol)
-    h.HandleKeyboardInterrupt = True  # Ctrl-C cancels the solve; the incumbent and bound are kept
     t0 = time.perf_counter()
-    h.solve()
+    abandoned = _run_highs(h, deadline, verbose)
     seconds = time.perf_counter() - t0
+    if abandoned is not None:  # HiGHS did not stop in time: only the bound its callbacks reported
+        bound = abandoned.get("bound", -math.inf)
+        bound = bound if bound is not None and math.isfinite(bound) and not relax else -math.inf
+        return BackendOutcome("unknown", None, None, bound, seconds, None, {
+            "model_status": "ABANDONED", "abandoned": f"HiGHS did not stop within {STOP_GRACE:g} s of being asked"})
     ms = h.getModelStatus()
     info = h.getInfo()
     MS = highspy.HighsModelStatus
@@ -123,12 +134,66 @@ def solve_highs(arrays: ModelArrays, time_limit: float, warm: np.ndarray | None,
         accepted = objective is not None and objective <= warm_obj + 1e-9 * (1 + abs(warm_obj))
     stats = {"model_status": h.modelStatusToString(ms), "nodes": int(info.mip_node_count),
              "interrupted": ms == MS.kInterrupt}
-    if warm is not None and presolve and bound_above(bound, warm_obj) and not arrays.check(warm):
+    if warm is not None and presolve and bound_above(bound, warm_obj) and not arrays.check(warm) \
+            and not deadline.expired():
         again = solve_highs(arrays, max(deadline.remaining(), 1.0), warm, verbose=verbose, gap=gap, presolve=False)
         again.stats["presolve_retry"] = f"bound {bound} above the feasible warm start's {warm_obj}: solved again without presolve"
         again.seconds += seconds
         return again
     return BackendOutcome(status, x, objective, bound, seconds, accepted, stats)
+
+
+#: seconds HiGHS may overrun its own time limit before kvbound interrupts it (from a callback)
+HIGHS_GRACE = 0.5
+
+
+def _run_highs(h, deadline: Deadline, verbose: bool) -> dict | None:
+    """`h.run()` in HiGHS's solve thread while this thread waits, so that a signal is handled at once.
+
+    HiGHS's interrupt callbacks stop it on an interrupt (kvbound.interrupt) or when it overruns
+    `deadline` by HIGHS_GRACE; its incumbent and bound are kept. Some phases (presolve of a large
+    model) never call them: if HiGHS has not returned STOP_GRACE seconds after it was asked to stop,
+    it is abandoned (its thread left to finish alone; the CLI then ends the process) and the last
+    figures its callbacks reported are returned instead (None when it returned normally). Its log,
+    with `verbose`, goes to stderr through a callback: nothing of HiGHS's reaches stdout."""
+    hard = deadline.share(1.0)
+    hard.at += HIGHS_GRACE
+    seen: dict = {}
+
+    def stop(event):
+        try:
+            out = event.data_out
+            seen["bound"] = out.mip_dual_bound
+            progress.report(incumbent=out.objective_function_value, bound=out.mip_dual_bound)
+        except Exception:  # an LP callback has no MIP figures
+            pass
+        if interrupt.requested() is not None or hard.expired():
+            event.interrupt()
+
+    for callback in (h.cbMipInterrupt, h.cbSimplexInterrupt, h.cbIpmInterrupt):
+        callback.subscribe(stop)
+    if verbose:
+        h.setOptionValue("log_to_console", False)
+        h.cbLogging.subscribe(lambda event: sys.stderr.write(event.message))
+    thread = h.startSolve()
+    give_up = math.inf
+    with interrupt.deferred():
+        while True:
+            try:
+                done, _ = h.wait(0.1)
+            except KeyboardInterrupt:  # no handler installed (a library caller): stop, keep the best
+                interrupt.request()
+                continue
+            if done:
+                break
+            if give_up == math.inf and (interrupt.requested() is not None or hard.expired()):
+                h.cancelSolve()
+                give_up = time.monotonic() + STOP_GRACE
+            if time.monotonic() > give_up:
+                interrupt.abandon(thread)
+                return seen
+    thread.join()
+    return None
 
 
 def bound_above(bound: float, value: float, rel: float = 1e-6) -> bool:
@@ -140,7 +205,9 @@ def bound_above(bound: float, value: float, rel: float = 1e-6) -> bool:
 
 #: seconds CP-SAT may overrun its time limit before its process is killed: it does not always stop
 #: in time (google/or-tools#2604, #4882), and the time limit is part of `solve`'s contract
-CPSAT_GRACE = 10.0
+CPSAT_GRACE = 1.0
+#: seconds a stopped solver (an interrupt) gets to hand back its best before its process is killed
+STOP_GRACE = 1.0
 
 
 def solve_cpsat(arrays: ModelArrays, time_limit: float, warm: np.ndarray | None, *, verbose: bool = False,
@@ -148,42 +215,79 @@ def solve_cpsat(arrays: ModelArrays, time_limit: float, warm: np.ndarray | None,
     """Every variable and coefficient must be integral (the formulation is built with `tick`).
 
     OR-Tools bundles its own HiGHS, whose symbols clash with highspy's when both load in one
-    process, so CP-SAT runs in a fresh child process that never imports highspy. The child says
-    when the model is built; if CP-SAT then overruns its limit by more than `grace` (plus 10%),
-    it is killed and the outcome is "unknown" with no point and no bound.
+    process, so CP-SAT runs in a fresh child process that never imports highspy. `time_limit`
+    counts from now, the child's start-up and model building included; the child reports each
+    improving solution with CP-SAT's bound. If the child has not answered `grace` seconds after
+    the limit, it is killed and the last solution it reported (if any) is the outcome. On an
+    interrupt (kvbound.interrupt) the child is told to stop and answers with its best, or is
+    killed STOP_GRACE seconds later.
     """
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     receive, send = ctx.Pipe(duplex=False)
+    stop_receive, stop_send = ctx.Pipe(duplex=False)
+    limit = Deadline(time_limit)
     child = ctx.Process(target=_cpsat_child, daemon=True,
-                        args=(send, arrays, time_limit, warm, verbose, fix_to_hint, workers or CPSAT_WORKERS))
+                        args=(send, stop_receive, arrays, limit.at, warm, verbose, fix_to_hint, workers or CPSAT_WORKERS))
+    interrupt.add_child(child)
     child.start()
     send.close()
+    stop_receive.close()
+    best = None  # the last ("incumbent", objective, bound, x) the child reported
+    message = None
+    kill_at = limit.at + grace
     try:
-        message = _receive(receive, child, None)  # "solving": the model is built, the clock runs
-        # CP-SAT may overrun its own limit (or-tools#2604, #4882): 10% and the grace, then it is killed
-        watchdog = Deadline(time_limit * 1.1 + grace)
-        while message[0] == "solving":
-            try:
-                message = _receive(receive, child, watchdog.remaining())
-            except KeyboardInterrupt:  # the child got the signal too: CP-SAT stops and returns its best
-                continue
-            if message is None:
-                child.kill()
-                seconds = watchdog.elapsed()
-                return BackendOutcome("unknown", None, None, -math.inf, seconds, None, {
-                    "model_status": "KILLED",
-                    "killed": f"CP-SAT did not return {seconds - time_limit:.0f} s after its {time_limit:g} s limit"})
+        with interrupt.deferred():
+            while message is None or message[0] not in ("done", "error"):
+                if interrupt.requested() is not None and kill_at > time.monotonic() + STOP_GRACE:
+                    kill_at = time.monotonic() + STOP_GRACE
+                    with contextlib.suppress(OSError):
+                        stop_send.send("stop")
+                wait = kill_at - time.monotonic()
+                if wait <= 0:
+                    child.kill()
+                    return _cpsat_killed(best, limit, time_limit, warm, arrays)
+                try:
+                    message = _receive(receive, child, min(wait, 0.1))
+                except KeyboardInterrupt:  # no handler installed (a library caller): stop, keep the best
+                    interrupt.request()
+                    continue
+                if message is not None and message[0] == "incumbent":
+                    best = message
+                    progress.report(incumbent=message[1], bound=message[2])
     finally:
         child.join(timeout=5)
         if child.is_alive():
             child.kill()
+            child.join(timeout=5)
+        interrupt.drop_child(child)
         receive.close()
+        stop_send.close()
     kind, payload = message
     if kind == "error":
         raise payload
     return payload
+
+
+def _cpsat_killed(best, limit: Deadline, time_limit: float, warm, arrays: ModelArrays) -> BackendOutcome:
+    """The outcome of a CP-SAT process that was killed: its last reported solution and bound, if any."""
+    seconds = limit.elapsed()
+    why = ("stopped by an interrupt" if interrupt.requested() is not None
+           else f"CP-SAT did not return {max(0.0, seconds - time_limit):.1f} s after its {time_limit:g} s limit")
+    stats = {"model_status": "KILLED", "killed": why}
+    if best is None:
+        return BackendOutcome("unknown", None, None, -math.inf, seconds, None, stats)
+    _, objective, bound, x = best
+    return BackendOutcome("feasible", x, objective, bound, seconds, _accepted(arrays, warm, objective), stats)
+
+
+def _accepted(arrays: ModelArrays, warm, objective) -> bool | None:
+    """Whether the solver kept (or beat) the warm start it was given."""
+    if warm is None:
+        return None
+    warm_obj = float(arrays.objective @ warm + arrays.objective_offset)
+    return objective is not None and objective <= warm_obj + 1e-9 * (1 + abs(warm_obj))
 
 
 def _receive(conn, child, timeout: float | None):
@@ -197,18 +301,29 @@ def _receive(conn, child, timeout: float | None):
         raise RuntimeError(f"the CP-SAT process ended without an answer (exit code {child.exitcode})") from None
 
 
-def _cpsat_child(conn, arrays, time_limit, warm, verbose, fix_to_hint, workers) -> None:
+def _cpsat_child(conn, stop_conn, arrays, at, warm, verbose, fix_to_hint, workers) -> None:
+    # the parent handles Ctrl-C and tells this process to stop; it dies with the parent
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    interrupt.die_with_parent()
+    lock = threading.Lock()
+
+    def say(message):
+        with lock:
+            conn.send(message)
+
     try:
-        conn.send(("done", _solve_cpsat_here(arrays, time_limit, warm, verbose, fix_to_hint, workers,
-                                              on_start=lambda: conn.send(("solving", None)))))
+        say(("done", _solve_cpsat_here(arrays, at, warm, verbose, fix_to_hint, workers,
+                                       on_start=lambda: say(("solving", None)), say=say, stop_conn=stop_conn)))
     except BaseException as exc:  # handed to the parent, which raises it
-        conn.send(("error", exc))
+        say(("error", exc))
     finally:
         conn.close()
 
 
-def _solve_cpsat_here(arrays: ModelArrays, time_limit: float, warm: np.ndarray | None, verbose: bool,
-                      fix_to_hint: bool, workers: int, on_start=lambda: None) -> BackendOutcome:
+def _solve_cpsat_here(arrays: ModelArrays, at: float, warm: np.ndarray | None, verbose: bool,
+                      fix_to_hint: bool, workers: int, on_start=lambda: None, say=None, stop_conn=None) -> BackendOutcome:
+    """CP-SAT in this process until the monotonic time `at`; `say` gets each improving solution,
+    a message on `stop_conn` stops the search."""
     from ortools.sat.python import cp_model
 
     if not (arrays.integrality.all() or _all_integral(arrays.col_lb) and _all_integral(arrays.col_ub)):
@@ -239,9 +354,12 @@ def _solve_cpsat_here(arrays: ModelArrays, time_limit: float, warm: np.ndarray |
         for var, v in zip(xs, warm):
             md.AddHint(var, int(round(v)))
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = float(max(time_limit, 0.01))
+    solver.parameters.catch_sigint_signal = False  # the parent decides (kvbound.interrupt)
     solver.parameters.num_workers = workers
     solver.parameters.log_search_progress = bool(verbose)
+    if verbose:  # CP-SAT's log goes to stderr, never stdout
+        solver.parameters.log_to_stdout = False
+        solver.log_callback = lambda line: print(line, file=sys.stderr, flush=True)
     # CP-SAT 9.15's presolve can lose the optimum and then certify a worse point as optimal, at
     # random with two workers and a hint (google/or-tools#5293; here 7% of the runs of
     # tests/test_solvers.py::test_cpsat_presolve_does_not_lose_the_optimum). Without the
@@ -251,14 +369,19 @@ def _solve_cpsat_here(arrays: ModelArrays, time_limit: float, warm: np.ndarray |
     solver.parameters.keep_all_feasible_solutions_in_presolve = True
     if fix_to_hint:
         solver.parameters.fix_variables_to_their_hinted_value = True
-    on_start()
-    t0 = time.perf_counter()
-    try:
-        st = solver.Solve(md)
-    except KeyboardInterrupt:  # CP-SAT stops on SIGINT by itself; keep what it found
-        st = cp_model.UNKNOWN
-    seconds = time.perf_counter() - t0
     offset = arrays.objective_offset
+    on_start()
+    solver.parameters.max_time_in_seconds = float(max(at - time.monotonic(), 0.01))
+    if stop_conn is not None:
+        def wait_for_stop():
+            with contextlib.suppress(EOFError, OSError):
+                stop_conn.recv()
+                solver.stop_search()
+        threading.Thread(target=wait_for_stop, daemon=True).start()
+    callback = _Incumbents(xs, offset, say) if say is not None else None
+    t0 = time.perf_counter()
+    st = solver.Solve(md, callback)
+    seconds = time.perf_counter() - t0
     x = None
     objective = None
     if st in (cp_model.OPTIMAL, cp_model.FEASIBLE):
@@ -271,13 +394,32 @@ def _solve_cpsat_here(arrays: ModelArrays, time_limit: float, warm: np.ndarray |
     else:
         status = "feasible" if x is not None else "unknown"
         bound = solver.BestObjectiveBound() + offset if x is not None else -math.inf
-    accepted = None
-    if warm is not None:
-        warm_obj = float(arrays.objective @ warm + offset)
-        accepted = objective is not None and objective <= warm_obj + 1e-9 * (1 + abs(warm_obj))
+    accepted = _accepted(arrays, warm, objective)
     stats = {"model_status": solver.StatusName(st), "branches": int(solver.NumBranches()),
              "conflicts": int(solver.NumConflicts())}
     return BackendOutcome(status, x, objective, bound, seconds, accepted, stats)
+
+
+def _Incumbents(xs, offset: float, say):
+    """A CP-SAT solution callback that reports each improving solution (at most every 0.2 s; the
+    final one comes with the answer) with CP-SAT's bound at that moment."""
+    from ortools.sat.python import cp_model
+
+    class Incumbents(cp_model.CpSolverSolutionCallback):
+        def __init__(self):
+            super().__init__()
+            self.last = 0.0
+
+        def on_solution_callback(self):
+            now = time.monotonic()
+            if now - self.last < 0.2:
+                return
+            self.last = now
+            x = np.array([self.Value(v) for v in xs], dtype=float)
+            with contextlib.suppress(OSError):
+                say(("incumbent", self.ObjectiveValue() + offset, self.BestObjectiveBound() + offset, x))
+
+    return Incumbents()
 
 
 def _all_integral(a) -> bool:
@@ -288,7 +430,9 @@ def _all_integral(a) -> bool:
 
 # ------------------------------------------------------------------------- CBC through PuLP
 
-def build_pulp(arrays: ModelArrays, names: list[str] | None = None, row_names: list[str] | None = None):
+def build_pulp(arrays: ModelArrays, names: list[str] | None = None, row_names: list[str] | None = None,
+               deadline: Deadline | None = None):
+    """The model as a PuLP problem; a `deadline` that passes meanwhile raises `Stopped`."""
     import pulp
 
     prob = pulp.LpProblem("kvbound", pulp.LpMinimize)
@@ -300,6 +444,8 @@ def build_pulp(arrays: ModelArrays, names: list[str] | None = None, row_names: l
         xs.append(prob.add_variable(names[k] if names else f"x{k}", lo, hi, cat))
     starts, cols, vals = arrays.csr()
     for k in range(arrays.n_rows):
+        if deadline is not None and k % 1000 == 0 and deadline.expired():
+            raise Stopped("interrupted" if interrupt.requested() is not None else "time limit")
         a, b = starts[k], starts[k + 1]
         expr = pulp.LpAffineExpression([(xs[c], float(v)) for c, v in zip(cols[a:b], vals[a:b])])
         lo, hi = arrays.row_lo[k], arrays.row_hi[k]
@@ -319,26 +465,53 @@ def build_pulp(arrays: ModelArrays, names: list[str] | None = None, row_names: l
 
 def solve_cbc(arrays: ModelArrays, time_limit: float, warm: np.ndarray | None, *, verbose: bool = False,
               names: list[str] | None = None) -> BackendOutcome:
+    """CBC (PuLP's bundled binary) in a child process, in its own temporary folder.
+
+    `time_limit` counts from now, writing the model included. CBC does not always stop at its
+    `-sec` limit (on large models it overran by minutes), so at the limit kvbound sends it SIGINT
+    (CBC then stops and writes its best solution) and kills it STOP_GRACE seconds later; an
+    interrupt does the same at once. Its log goes to a file (and, with `verbose`, to stderr after
+    it ends), never to stdout; the folder is removed whatever happens."""
     import pulp
 
-    prob, xs = build_pulp(arrays, names)
+    limit = Deadline(time_limit)
+    with limit.enforced():  # building and writing the model are cut short at the limit
+        prob, xs = build_pulp(arrays, names, deadline=limit)
     if warm is not None:
         for var, v in zip(xs, warm):
             var.setInitialValue(round(v) if var.cat == pulp.LpInteger else float(v))
-    with tempfile.TemporaryDirectory() as tmp:
-        log = os.path.join(tmp, "cbc.log")
+    tmp = tempfile.mkdtemp(prefix="kvbound-cbc-")
+    interrupt.add_folder(tmp)
+    try:
         with warnings.catch_warnings():  # PuLP 3.3 deprecates its bundled CBC for pulp[cbc] (a 190 MB wheel)
             warnings.simplefilter("ignore", DeprecationWarning)
-            solver = pulp.PULP_CBC_CMD(msg=bool(verbose), timeLimit=max(1, int(math.ceil(time_limit))), gapRel=1e-9,
-                                       gapAbs=1e-12, warmStart=warm is not None, logPath=log, threads=_threads(),
-                                       keepFiles=False)
+            solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=max(1, int(math.ceil(limit.remaining()))), gapRel=1e-9,
+                                       gapAbs=1e-12, warmStart=warm is not None, threads=_threads(), keepFiles=False)
+        solver.tmpDir = tmp
+        mps, sol, mst, log = (os.path.join(tmp, f"model.{ext}") for ext in ("mps", "sol", "mst", "log"))
         t0 = time.perf_counter()
-        try:
-            prob.solve(solver)
-        except pulp.PulpSolverError:
-            pass
+        args = [solver.path, mps]
+        with limit.enforced():
+            vs, var_names, con_names, _ = prob.writeMPS(mps, rename=1)
+            if warm is not None:
+                solver.writesol(mst, prob, vs, var_names, con_names)
+                args += ["-mips", mst]
+        args += ["-sec", str(max(1, int(math.ceil(limit.remaining()))))]
+        args += [w for option in solver.options + solver.getOptions() for w in ("-" + option).split()]
+        args += ["-solve", "-printingOptions", "all", "-solution", sol]
+        stopped = _run_child(args, log, limit)
         seconds = time.perf_counter() - t0
-        text = open(log).read() if os.path.exists(log) else ""
+        text = open(log, errors="replace").read() if os.path.exists(log) else ""
+        if verbose:
+            sys.stderr.write(text)
+        if os.path.exists(sol):
+            status, values, reduced, prices, slacks, sol_status = solver.readsol_MPS(sol, prob, vs, var_names, con_names)
+            prob.assignVarsVals(values)
+            prob.assignStatus(status, sol_status)
+        else:
+            prob.assignStatus(pulp.LpStatusNotSolved, pulp.LpSolutionNoSolutionFound)
+    finally:
+        interrupt.drop_folder(tmp)
     x = None
     objective = None
     values = [v.varValue for v in xs]
@@ -348,7 +521,7 @@ def solve_cbc(arrays: ModelArrays, time_limit: float, warm: np.ndarray | None, *
     bound = _cbc_bound(text)
     if bound is not None:
         bound += arrays.objective_offset
-    if prob.sol_status == pulp.LpSolutionOptimal:  # solved to gapRel 1e-9: the bound is the objective
+    if prob.sol_status == pulp.LpSolutionOptimal and not stopped:  # solved to gapRel 1e-9: the bound is the objective
         status = "optimal"
         bound = objective
     elif prob.status == pulp.LpStatusInfeasible or prob.sol_status == pulp.LpSolutionInfeasible:
@@ -364,7 +537,42 @@ def solve_cbc(arrays: ModelArrays, time_limit: float, warm: np.ndarray | None, *
     if warm is not None:
         accepted = bool(re.search(r"MIPStart provided solution with cost|mipstart values read|solution of value", text, re.I)) or \
             (objective is not None and objective <= float(arrays.objective @ warm + arrays.objective_offset) + 1e-9)
-    return BackendOutcome(status, x, objective, bound, seconds, accepted, {"model_status": pulp.LpStatus[prob.status]})
+    stats = {"model_status": pulp.LpStatus[prob.status]}
+    if stopped:
+        stats["stopped"] = stopped
+    return BackendOutcome(status, x, objective, bound, seconds, accepted, stats)
+
+
+def _run_child(args: list[str], log: str, limit: Deadline) -> str | None:
+    """Run a solver binary (its output to `log`) until it ends, `limit` passes or an interrupt:
+    then SIGINT, and SIGKILL STOP_GRACE seconds later. Returns why it was stopped, or None."""
+    stopped, kill_at = None, None
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)  # the terminal's Ctrl-C reaches kvbound, not the solver
+    interrupt.add_child(proc)
+    try:
+        with interrupt.deferred():
+            while True:
+                try:
+                    proc.wait(0.05)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                except KeyboardInterrupt:  # no handler installed (a library caller)
+                    interrupt.request()
+                if stopped is None and limit.expired():
+                    stopped = "interrupted" if interrupt.requested() is not None else "time limit"
+                    proc.send_signal(signal.SIGINT)
+                    kill_at = time.monotonic() + STOP_GRACE
+                elif kill_at is not None and time.monotonic() > kill_at:
+                    proc.kill()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        interrupt.drop_child(proc)
+    return stopped
 
 
 def _cbc_bound(text: str) -> float | None:

@@ -6,6 +6,7 @@ import math
 import time
 
 from ..deadline import Deadline
+from ..interrupt import Stopped
 from ..formulation.base import horizon_for
 from ..formulation.bigm import build_bigm
 from ..formulation.bounds import Bound, analytic_bounds
@@ -16,11 +17,19 @@ from .options import SolveOptions
 
 
 def lp_bound(instance: Instance, objective: str, upper_bound: float, time_limit: float = 60.0) -> Bound:
-    """The LP relaxation of the Big-M model over a certified horizon."""
+    """The LP relaxation of the Big-M model over a certified horizon (building it counts in `time_limit`;
+    cut short, the bound is -inf and not certified)."""
     t0 = time.perf_counter()
+    limit = Deadline(time_limit)
     J, certified, why = horizon_for(instance, objective, upper_bound)
-    form = build_bigm(instance, objective, J)
-    out = solve_highs(form.model.finalize(), time_limit, None, relax=True)
+    try:
+        with limit.enforced():
+            form = build_bigm(instance, objective, J)
+            arrays = form.model.finalize()
+    except Stopped as stop:
+        return Bound("LP relaxation (bigm)", -math.inf, time.perf_counter() - t0, False,
+                     note=f"{stop.reason} while building the model")
+    out = solve_highs(arrays, max(0.01, limit.remaining()), None, relax=True)
     value = out.bound / form.objective_scale() if out.status == "optimal" else -math.inf
     return Bound("LP relaxation (bigm)", value, time.perf_counter() - t0, certified and out.status == "optimal",
                  note=f"horizon J = {J}: {why}")
@@ -33,8 +42,8 @@ def lower_bounds(instance: Instance, options: SolveOptions, deadline: Deadline |
     deadline = deadline if deadline is not None else Deadline(options.time_limit)
     bounds = list(analytic_bounds(instance, options.objective))
     res = solve_with(instance, options, deadline.share(0.5))
-    if res.objective is not None:
-        bounds.append(lp_bound(instance, options.objective, res.objective, max(0.5, deadline.remaining())))
+    if res.objective is not None and not deadline.expired():
+        bounds.append(lp_bound(instance, options.objective, res.objective, deadline.remaining()))
     bounds.append(Bound(f"MILP dual bound ({res.solver}, {res.formulation}, {res.backend_seconds:.3g} s)",
                         res.solver_bound, res.backend_seconds, res.bound_certified, f"horizon J = {res.horizon}"))
     return bounds, res

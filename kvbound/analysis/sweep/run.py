@@ -9,7 +9,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ... import interrupt
 from ...errors import InputError
+from ...interrupt import Stopped
 from ..compare import METRIC_COLUMNS, compare
 from .report import write_report
 from .spec import PARAM_COLUMNS, Point, SweepSpec
@@ -31,6 +33,8 @@ def evaluate_point(point: Point) -> list[dict]:
 
     slo = Slo.parse(run["slo"]) if run.get("slo") else None
     table = compare(point.instance, run["schedulers"], solve=run["solve"], options=point.options, slo=slo)
+    if interrupt.requested() is not None:  # cut short (its solve reports "interrupted"): never recorded as done
+        raise Stopped("interrupted")
     seconds = time.perf_counter() - t0
     rows = []
     for r in table.rows:
@@ -100,7 +104,8 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path, *, backend: str = "local", w
     with tqdm(total=len(points), initial=len(points) - len(todo), unit="point", desc=spec.name,
               disable=not progress if progress is not None else None) as bar:
         for rows in runner:
-            table.append(rows)
+            with interrupt.deferred():  # a point's rows are written whole
+                table.append(rows)
             bar.update()
     by_key: dict[str, list[dict]] = {}
     for r in table.rows:
@@ -122,7 +127,7 @@ def _run_local(points: list[Point], workers: int | None):
         return
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
-    pool = ProcessPoolExecutor(max_workers=workers)
+    pool = ProcessPoolExecutor(max_workers=workers, initializer=interrupt.die_with_parent)
     try:
         futures = [pool.submit(evaluate_point, p) for p in points]
         for future in as_completed(futures):

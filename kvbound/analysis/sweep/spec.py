@@ -18,7 +18,8 @@ from ...costs.presets import DEFAULT_PRESET
 from ...errors import InputError
 from ...objective import OBJECTIVES
 from ...solvers.options import SolveOptions
-from ...workload import Instance, Request, SystemConfig, _check_keys, load_case, read_toml
+from ...workload import (MAX_INT, MAX_REQUEST_TOKENS, MAX_REQUESTS, Instance, Request, SystemConfig, _check_keys,
+                         load_case, read_toml)
 from ..compare import METRIC_COLUMNS, resolve_schedulers
 
 # grid keys in the order the product runs over them (the first varies slowest)
@@ -149,6 +150,9 @@ class SweepSpec:
             value = int(value)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise InputError(self.source, f"grid.{key}", f"must be an integer >= 1, got {value!r}")
+        most = GRID_LIMITS.get(key, MAX_INT)
+        if value > most:  # refused before a case of that size is made
+            raise InputError(self.source, f"grid.{key}", f"must be <= {most:,}, got {value:,}")
         return value
 
 
@@ -360,14 +364,34 @@ def _is_doubling(values) -> bool:
     return len(nums) >= 3 and len(nums) == len(values) and max(nums) / min(nums) >= 16
 
 
+#: the largest value a grid key may take (integers: below 2^53)
+GRID_LIMITS = {"prompt": MAX_REQUEST_TOKENS, "output": MAX_REQUEST_TOKENS, "requests": MAX_REQUESTS}
+#: an expression's numbers (every intermediate result) stay within this magnitude, so that `9**9**9**9`
+#: is refused at once instead of being computed
+MAX_EXPRESSION = 2.0 ** 63
+MAX_EXPRESSION_LENGTH = 200
+
+
+def _power(a, b):
+    if a not in (0, 1, -1) and (abs(b) > 64 or abs(b) * math.log2(abs(a)) > 63):
+        raise OverflowError(f"{a!r} ** {b!r} is too large")
+    return a ** b
+
+
 _FUNCS = {"max": max, "min": min, "ceil": math.ceil, "floor": math.floor}
 _OPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
-        ast.Div: lambda a, b: a / b, ast.FloorDiv: lambda a, b: a // b, ast.Pow: lambda a, b: a ** b}
+        ast.Div: lambda a, b: a / b, ast.FloorDiv: lambda a, b: a // b, ast.Pow: _power}
 
 
 def evaluate(expr: str, names: dict, source: str = "", where: str = "") -> float:
     """An arithmetic expression over the grid symbols, e.g. "max(2*I, I + O - 1)"; nothing else is evaluated."""
     def ev(node):
+        value = _ev(node)
+        if isinstance(value, complex) or not math.isfinite(value) or abs(value) > MAX_EXPRESSION:
+            raise OverflowError(f"a value beyond {MAX_EXPRESSION:g}")
+        return value
+
+    def _ev(node):
         if isinstance(node, ast.Expression):
             return ev(node.body)
         if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
@@ -385,9 +409,11 @@ def evaluate(expr: str, names: dict, source: str = "", where: str = "") -> float
             return _FUNCS[node.func.id](*(ev(a) for a in node.args))
         raise InputError(source, where, f"{expr!r}: only numbers, {', '.join(SYMBOLS.values())}, + - * / // ** "
                          f"and {', '.join(_FUNCS)}() are allowed")
+    if len(expr) > MAX_EXPRESSION_LENGTH:
+        raise InputError(source, where, f"expression of {len(expr)} characters; at most {MAX_EXPRESSION_LENGTH}")
     try:
         return ev(ast.parse(expr, mode="eval"))
     except SyntaxError:
         raise InputError(source, where, f"{expr!r} is not an expression") from None
-    except (ZeroDivisionError, OverflowError, TypeError, ValueError) as exc:
+    except (ZeroDivisionError, OverflowError, TypeError, ValueError, RecursionError) as exc:
         raise InputError(source, where, f"{expr!r}: {exc}") from None
