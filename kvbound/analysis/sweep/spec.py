@@ -270,11 +270,17 @@ def parse_spec(data: dict, source: str = "<spec>", base_dir: Path = Path(".")) -
     return spec
 
 
-def _claims(source: str, entries, spec: SweepSpec) -> list[ClaimSpec]:
+def _tables(source: str, key: str, entries) -> list:
+    """`[key]` (one table) or `[[key]]` (an array of tables) as a list of tables."""
     if isinstance(entries, dict):
         entries = [entries]
     if not isinstance(entries, list):
-        raise InputError(source, "claim", "must be an array of tables ([[claim]])")
+        raise InputError(source, key, f"must be an array of tables ([[{key}]])")
+    return entries
+
+
+def _claims(source: str, entries, spec: SweepSpec) -> list[ClaimSpec]:
+    entries = _tables(source, "claim", entries)
     claims = []
     for k, entry in enumerate(entries):
         where = f"claim[{k}]"
@@ -319,10 +325,7 @@ def _case_files(source: str, patterns: list, base_dir: Path) -> list[str]:
 
 
 def _plots(source: str, entries, spec: SweepSpec) -> list[PlotSpec]:
-    if isinstance(entries, dict):
-        entries = [entries]
-    if not isinstance(entries, list):
-        raise InputError(source, "plot", "must be an array of tables ([[plot]])")
+    entries = _tables(source, "plot", entries)
     varying = [k for k in GRID_KEYS if len(spec.grid.get(k, ())) > 1]
     if not entries:  # default: each objective over the first grid key with several values
         x = varying[0] if varying else ("case" if "case" in spec.grid else "prompt")
