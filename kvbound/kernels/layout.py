@@ -29,6 +29,9 @@ class PagedBatch:
     query_starts: torch.Tensor  # [R] int32: first query row of each request
     max_query_len: int  # max of query_lens, known on the host (sizes the kernel grid)
     block_size: int
+    # decode only: key-range splits per (request, KV head) of the Triton kernel (split-K, flash-decoding);
+    # 1 = one program walks the whole sequence
+    num_splits: int = 1
 
     @property
     def num_requests(self) -> int:
