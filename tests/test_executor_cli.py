@@ -18,7 +18,7 @@ from kvbound.workload import load_case, load_cost_file
 from .conftest import REPO
 
 REPLAY_KEYS = ["device", "shape", "batches", "predicted_total", "measured_total", "total_relative_error",
-               "mean_batch_relative_error", "max_batch_relative_error", "per_batch"]
+               "mean_batch_relative_error", "max_batch_relative_error", "per_batch", "prepare_total"]
 FAST = ("--layers", "1", "--repeat", "1")
 try:
     import torch  # noqa: F401

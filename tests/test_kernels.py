@@ -131,3 +131,66 @@ def test_write_kv_writes_exactly_the_mapped_slots(block_size):
 def _cpu(batch: PagedBatch) -> PagedBatch:
     return PagedBatch(batch.block_tables.cpu(), batch.seq_lens.cpu(), batch.query_lens.cpu(),
                       batch.query_starts.cpu(), batch.max_query_len, batch.block_size)
+
+
+@pytest.mark.parametrize("heads,kv_heads,dim", HEADS)
+@pytest.mark.parametrize("num_splits", [2, 3, 8])
+def test_split_k_decode_attention_matches_reference(heads, kv_heads, dim, num_splits):
+    """Flash-decoding: each request's keys in num_splits tile-aligned ranges, combined in a second
+    pass. 8 splits of sequences of 1 to 200 tokens leave some ranges empty (they must weigh nothing)."""
+    seq_lens = [1, 200, 70, 129]
+    q, k_cache, v_cache, batch = _paged(seq_lens, [1] * len(seq_lens), 16, heads, kv_heads, dim, seed=num_splits)
+    expected = REF.decode_attention(q.cpu().float(), k_cache.cpu().float(), v_cache.cpu().float(), _cpu(batch))
+    split = PagedBatch(*(getattr(batch, f) for f in ("block_tables", "seq_lens", "query_lens", "query_starts",
+                                                     "max_query_len", "block_size")), num_splits=num_splits)
+    out = torch.full_like(q, float("nan"))
+    TRITON.decode_attention(q, k_cache, v_cache, split, out)
+    torch.testing.assert_close(out.cpu().float(), expected, **TOL)
+
+
+def _rows(tokens, width, seed):
+    return torch.randn(tokens, width, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("hidden", [64, 100])  # 100: a row shorter than the kernel's power-of-two tile
+def test_fused_add_rms_norm_matches_reference(hidden):
+    x, residual, weight = _rows(7, hidden, 1), _rows(7, hidden, 2), _rows(1, hidden, 3)[0]
+    expected_norm, expected_sum = REF.add_rms_norm(x, residual, weight, 1e-5)
+    torch.testing.assert_close(REF.rms_norm(x, weight, 1e-5), torch.nn.functional.rms_norm(x, (hidden,), weight, 1e-5))
+    dev = [t.to(DEVICE, DTYPE) for t in (x, residual, weight)]
+    torch.testing.assert_close(TRITON.rms_norm(dev[0], dev[2], 1e-5).cpu().float(), REF.rms_norm(x, weight, 1e-5),
+                               **TOL)
+    x_in, residual_in = dev[0].clone(), dev[1].clone()
+    norm, total = TRITON.add_rms_norm(x_in, residual_in, dev[2], 1e-5)
+    assert norm.data_ptr() == x_in.data_ptr() and total.data_ptr() == residual_in.data_ptr()  # in place
+    torch.testing.assert_close(total.cpu().float(), expected_sum, **TOL)
+    torch.testing.assert_close(norm.cpu().float(), expected_norm, **TOL)
+
+
+@pytest.mark.parametrize("heads,kv_heads,dim", HEADS)
+def test_fused_rotary_rotates_q_and_k_in_place_like_the_reference(heads, kv_heads, dim):
+    """q, k as the model has them: views of one fused QKV projection (row stride of all three)."""
+    tokens = 9
+    qkv = _rows(tokens, (heads + 2 * kv_heads) * dim, 4)
+    angles = torch.arange(tokens).float()[:, None] * 10000.0 ** -(torch.arange(0, dim, 2).float() / dim)
+    cos, sin = angles.cos(), angles.sin()
+    results = []
+    for ops, device, dtype in ((REF, "cpu", torch.float32), (TRITON, DEVICE, DTYPE)):
+        fused = qkv.to(device, dtype, copy=True).view(tokens, heads + 2 * kv_heads, dim)
+        q, k, v = fused.split([heads, kv_heads, kv_heads], dim=1)
+        ops.rotary_(q, k, cos.to(device), sin.to(device))
+        results.append(fused.cpu().float())
+    ref, tri = results
+    torch.testing.assert_close(tri, ref, **TOL)
+    v_cols = slice(heads + kv_heads, None)
+    torch.testing.assert_close(ref[:, v_cols], qkv.view(tokens, -1, dim)[:, v_cols])  # v untouched
+    torch.testing.assert_close(ref[0], qkv.view(tokens, -1, dim)[0])  # position 0: angle 0
+    assert not torch.allclose(ref[1:, :heads], qkv.view(tokens, -1, dim)[1:, :heads])
+
+
+@pytest.mark.parametrize("width", [688, 2000])  # 2000: two column tiles, the second partial
+def test_fused_silu_mul_matches_reference(width):
+    gate_up = _rows(5, 2 * width, 5)
+    expected = REF.silu_mul(gate_up)
+    torch.testing.assert_close(expected, torch.nn.functional.silu(gate_up[:, :width]) * gate_up[:, width:])
+    torch.testing.assert_close(TRITON.silu_mul(gate_up.to(DEVICE, DTYPE)).cpu().float(), expected, **TOL)

@@ -116,7 +116,7 @@ def cmd_profile(args) -> int:
     executor.warm_up()
     rows = run_profile(executor, points, repeat=args.repeat, seed=args.seed)
     write_profile_csv(out, rows)
-    seconds = np.array([r[-1] for r in rows])
+    seconds = np.array([r[-2] for r in rows])  # the last column is the preparation time
     print(f"{len(rows)} batches on {args.device} ({shape.name}, {shape.layers} layers, {args.threads} thread(s)): "
           f"{seconds.min() * 1e3:.2f} to {seconds.max() * 1e3:.2f} ms; written to {out}")
     return 0
@@ -230,7 +230,9 @@ def cmd_replay(args) -> int:
         "total_relative_error": float(abs(predicted.sum() - measured.sum()) / measured.sum()) if len(measured) else 0.0,
         "mean_batch_relative_error": float(rel.mean()) if len(rel) else 0.0,
         "max_batch_relative_error": float(rel.max()) if len(rel) else 0.0,
-        "per_batch": [{"predicted": float(p), "measured": float(m)} for p, m in zip(predicted, measured)],
+        "per_batch": [{"predicted": float(p), "measured": float(m), "prepare": float(h)}
+                      for p, m, h in zip(predicted, measured, result.prepare_seconds)],
+        "prepare_total": float(result.prepare_seconds.sum()),  # host preparation, in neither total above
     }
     if args.json:
         json.dump(summary, sys.stdout)
@@ -259,4 +261,4 @@ def _print_replay(args, shape, result, predicted, measured, rel, summary) -> Non
     print(f"total: predicted {summary['predicted_total'] * 1e3:.3f} ms, measured {summary['measured_total'] * 1e3:.3f} "
           f"ms, error {summary['total_relative_error']:.1%}; per batch: mean error "
           f"{summary['mean_batch_relative_error']:.1%}, max {summary['max_batch_relative_error']:.1%} "
-          f"({summary['batches']} batches)")
+          f"({summary['batches']} batches); host preparation {summary['prepare_total'] * 1e3:.3f} ms (not timed)")

@@ -7,10 +7,8 @@ the ones the semantics gives.
 """
 from __future__ import annotations
 
-import math
-import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -23,6 +21,7 @@ from .block_manager import BlockManager
 from .config import ModelShape
 from .runner import ModelRunner
 from .sequence import Sequence, work_features
+from .timing import HostTimer, Timer
 
 #: KV block size when the case's own is 1 (PagedAttention's default; a larger one only wastes part of a block)
 DEFAULT_BLOCK_SIZE = 16
@@ -30,42 +29,8 @@ _WARMUP_ROUNDS = 3
 _WARMUP_BLOCKS = 6  # the two warm-up sequences hold at most 4 + 2 blocks
 
 
-class Timer:
-    """Time of a block of host code and the device work it issues.
-
-    CUDA: events on the current stream, with the device idle first (the end event is waited
-    for). CPU, where torch ops are synchronous: with one torch thread, that thread's CPU time
-    (`time.thread_time`, CLOCK_THREAD_CPUTIME_ID, monotonic), since all the work runs on it and
-    time the OS gives to other processes on a shared machine does not count; with more
-    threads, wall time (`time.perf_counter`).
-    """
-
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-        if self.cuda:
-            self._start, self._end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        self.seconds = math.nan
-
-    @staticmethod
-    def cpu_clock():
-        return time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
-
-    def __enter__(self) -> "Timer":
-        if self.cuda:
-            torch.cuda.synchronize()
-            self._start.record()
-        else:
-            self._clock = self.cpu_clock()
-            self._t0 = self._clock()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.cuda:
-            self._end.record()
-            self._end.synchronize()
-            self.seconds = self._start.elapsed_time(self._end) / 1000.0
-        else:
-            self.seconds = self._clock() - self._t0
+def _warmup_tokens(block_size: int) -> int:
+    return block_size + 1  # the warm-up's largest batch
 
 
 @dataclass
@@ -75,7 +40,9 @@ class ReplayResult:
     batch_index: list[int]  # position of each in the schedule
     decode_requests: list[int]  # decode-type requests in each (the prefill-type ones are features[:, 5])
     features: np.ndarray  # [batches, 6]
-    measured: np.ndarray  # seconds
+    measured: np.ndarray  # seconds: the model run (GPU time on CUDA), what the cost model predicts
+    # host seconds preparing each batch (block allocation, input arrays, upload), not in `measured`
+    prepare_seconds: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     def predicted(self, cost: CostModel) -> np.ndarray:
         return cost.predict(self.features)
@@ -85,24 +52,30 @@ class ReplayResult:
 class StepOutput:
     seconds: float  # model execution time of the batch (0 for a batch that processes nothing)
     logits: dict[int, torch.Tensor] | None = None  # with keep_logits: each sequence's [c, vocab] logits
+    prepare_seconds: float = 0.0  # host time preparing the batch, not in `seconds`
 
 
 class Executor:
     def __init__(self, runner: ModelRunner, blocks: BlockManager):
         self.runner, self.blocks = runner, blocks
         self.timer = Timer(runner.device)
+        self.prepare_timer = HostTimer(runner.device)
 
     @classmethod
     def build(cls, shape: ModelShape, *, device: str = "cpu", block_size: int = DEFAULT_BLOCK_SIZE,
-              max_tokens: int, max_sequences: int, max_seq_len: int, kernels: str | None = None,
-              seed: int = 0) -> "Executor":
+              max_tokens: int, max_sequences: int, max_seq_len: int, max_batch_tokens: int | None = None,
+              kernels: str | None = None, graphs: bool | None = None, seed: int = 0) -> "Executor":
         """An executor whose pool holds `max_tokens` KV tokens of up to `max_sequences` sequences at
-        once, each of up to `max_seq_len` tokens. Each sequence may leave its last block partly
-        empty, hence one spare block per sequence, plus the warm-up's."""
+        once, each of up to `max_seq_len` tokens, running batches of up to `max_batch_tokens`
+        tokens (default `max_tokens`: a batch's tokens are cached after it). Each sequence may
+        leave its last block partly empty, hence one spare block per sequence, plus the warm-up's.
+        `graphs`: capture decode-only batches as CUDA graphs (default: on CUDA with the Triton kernels)."""
         num_blocks = block_count(max_tokens, block_size) + max_sequences + _WARMUP_BLOCKS
         table_width = max(block_count(max_seq_len, block_size), _WARMUP_BLOCKS)
+        batch_tokens = max(max_tokens if max_batch_tokens is None else max_batch_tokens, _warmup_tokens(block_size))
         runner = ModelRunner(shape, device=device, kernels=kernels, num_blocks=num_blocks, block_size=block_size,
-                             table_width=table_width, seed=seed)
+                             table_width=table_width, max_batch_tokens=batch_tokens,
+                             max_batch_requests=max(max_sequences, 2), graphs=graphs, seed=seed)
         return cls(runner, BlockManager(num_blocks, block_size))
 
     @classmethod
@@ -113,7 +86,8 @@ class Executor:
         system = instance.system
         return cls.build(shape, device=device, block_size=system.block_size if system.block_size > 1 else DEFAULT_BLOCK_SIZE,
                          max_tokens=system.kv_capacity, max_sequences=len(instance.requests),
-                         max_seq_len=max(r.prompt + r.output - 1 for r in instance.requests), kernels=kernels,
+                         max_seq_len=max(r.prompt + r.output - 1 for r in instance.requests),
+                         max_batch_tokens=min(system.max_batch_tokens, system.kv_capacity), kernels=kernels,
                          seed=seed)
 
     # ------------------------------------------------------------------ one batch
@@ -123,21 +97,24 @@ class Executor:
         """Execute one batch: free the KV of `evict`, then for each (sequence, c) process its next c
         tokens, write their KV, attend over its cache, and where all its tokens are now cached
         generate one (argmax); free the blocks of sequences that finish. The model execution
-        (forward pass, LM head, sampling) is timed.
+        (forward pass, LM head, sampling) is timed; the preparation before it (block allocation,
+        the batch's input arrays and their upload to the static buffers) is timed apart.
         """
-        for seq in evict:
-            self.blocks.free(seq)
-            seq.cached = 0
-        work = sorted(work, key=lambda item: not item[0].decode_type)  # decode-type rows first
-        num_decode = sum(seq.decode_type for seq, _ in work)
-        for seq, c in work:
-            self.blocks.allocate(seq, seq.cached + c)
-        last_rows = np.cumsum([c for _, c in work], dtype=np.int64) - 1
-        sampled = [k for k, (seq, c) in enumerate(work) if seq.cached + c == len(seq.tokens)]
+        with self.prepare_timer:
+            for seq in evict:
+                self.blocks.free(seq)
+                seq.cached = 0
+            work = sorted(work, key=lambda item: not item[0].decode_type)  # decode-type rows first
+            num_decode = sum(seq.decode_type for seq, _ in work)
+            for seq, c in work:
+                self.blocks.allocate(seq, seq.cached + c)
+            last_rows = np.cumsum([c for _, c in work], dtype=np.int64) - 1
+            sampled = [k for k, (seq, c) in enumerate(work) if seq.cached + c == len(seq.tokens)]
+            prepared = self.runner.prepare(work, num_decode) if work else None
         if not work:
             return StepOutput(0.0)
         with self.timer:
-            hidden = self.runner.forward(work, num_decode)
+            hidden = self.runner.run(prepared)
             if keep_logits:
                 logits = self.runner.logits(hidden)
                 next_tokens = logits[last_rows[sampled]].argmax(-1).tolist()
@@ -152,13 +129,15 @@ class Executor:
                 self.blocks.free(seq)
                 seq.cached = 0
         if not keep_logits:
-            return StepOutput(self.timer.seconds)
+            return StepOutput(self.timer.seconds, prepare_seconds=self.prepare_timer.seconds)
         bounds = np.concatenate([[0], last_rows + 1])
         return StepOutput(self.timer.seconds,
-                          {seq.id: logits[bounds[k]:bounds[k + 1]] for k, (seq, _) in enumerate(work)})
+                          {seq.id: logits[bounds[k]:bounds[k + 1]] for k, (seq, _) in enumerate(work)},
+                          self.prepare_timer.seconds)
 
     def warm_up(self, rounds: int = _WARMUP_ROUNDS) -> None:
-        """Run a few small prefill, decode and mixed batches (allocations, kernel compilation)."""
+        """Run a few small prefill, decode and mixed batches (allocations, kernel compilation), then
+        capture the decode graphs where they are enabled."""
         size = self.blocks.block_size
         for _ in range(rounds):
             a = Sequence(-1, [1] * (size + 1), size + 1, 3)
@@ -168,6 +147,7 @@ class Executor:
             self.step([(a, 1), (b, 1)])
             for seq in (a, b):
                 self.blocks.free(seq)
+        self.runner.capture_graphs()
 
     # ------------------------------------------------------------------ a whole schedule
 
@@ -183,7 +163,8 @@ class Executor:
         runs = [self._replay_once(instance, schedule, seed, on_batch) for _ in range(repeat)]
         first = runs[0]
         return ReplayResult(first.batch_index, first.decode_requests, first.features,
-                            np.min([r.measured for r in runs], axis=0))
+                            np.min([r.measured for r in runs], axis=0),
+                            np.min([r.prepare_seconds for r in runs], axis=0))
 
     def _replay_once(self, instance: Instance, schedule: Schedule, seed: int,
                      on_batch: Callable[[int], None] | None) -> ReplayResult:
@@ -192,7 +173,7 @@ class Executor:
         seqs = [Sequence(i, rng.integers(vocab, size=r.prompt).tolist(), r.prompt, r.output)
                 for i, r in enumerate(instance.requests)]
         state = ReplayState(instance)
-        index, decode, features, measured = [], [], [], []
+        index, decode, features, measured, prepare = [], [], [], [], []
         for j, batch in enumerate(schedule.batches):
             evict = [seqs[i] for i in batch.evict]
             work = [(seqs[i], c) for i, c in batch.tokens.items()]
@@ -200,7 +181,9 @@ class Executor:
                 features.append(work_features(work))
                 decode.append(sum(s.decode_type for s, _ in work))
                 index.append(j)
-                measured.append(self.step(work, evict).seconds)
+                out = self.step(work, evict)
+                measured.append(out.seconds)
+                prepare.append(out.prepare_seconds)
             else:  # evictions only: no work, and no time under the cost model
                 self.step([], evict)
             state.apply(batch)
@@ -210,7 +193,7 @@ class Executor:
         if self.blocks.num_free != self.blocks.num_blocks:
             raise AssertionError(f"{self.blocks.num_blocks - self.blocks.num_free} KV blocks still held after the "
                                  "last batch")
-        return ReplayResult(index, decode, np.array(features).reshape(-1, 6), np.array(measured))
+        return ReplayResult(index, decode, np.array(features).reshape(-1, 6), np.array(measured), np.array(prepare))
 
 
 def _check_against_semantics(j: int, state: ReplayState, seqs: list[Sequence], touched: list[Sequence],

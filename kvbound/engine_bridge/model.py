@@ -2,7 +2,9 @@
 
 `forward(tokens, positions, context)` runs a batch against the paged KV cache described by a
 `ForwardContext`; with `context=None` it is one plain causal forward pass over a single
-sequence without any cache (the correctness tests' reference).
+sequence without any cache (the correctness tests' reference). The layer operations that
+have fused kernels (add + RMSNorm, rotary, SiLU * up) come from the context's kernel
+backend, so the Triton path launches one kernel for each; without a context, the PyTorch twins.
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..kernels import PagedBatch
+from ..kernels import PagedBatch, backend
 from .config import ModelShape
 
 
@@ -34,15 +36,10 @@ class ForwardContext:
 
 
 def rotary_tables(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin `[T, head_dim / 2]` (float32) of each token's rotary angles."""
     inv_freq = theta ** -(torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim)
     angles = positions.float()[:, None] * inv_freq
-    return angles.cos()[:, None], angles.sin()[:, None]  # [T, 1, head_dim / 2]
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate [T, heads, head_dim] by position (the half-split convention of the Llama reference code)."""
-    x1, x2 = x.float().chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+    return angles.cos(), angles.sin()
 
 
 class Attention(nn.Module):
@@ -53,13 +50,13 @@ class Attention(nn.Module):
         self.qkv_proj = nn.Linear(shape.hidden, (shape.heads + 2 * shape.kv_heads) * shape.head_dim, bias=False)
         self.o_proj = nn.Linear(shape.heads * shape.head_dim, shape.hidden, bias=False)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], ctx: ForwardContext | None):
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], ctx: ForwardContext | None,
+                ops: ModuleType):
         tokens = x.shape[0]
-        q, k, v = self.qkv_proj(x).split(
-            [self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim], dim=-1)
-        q = apply_rotary(q.view(tokens, self.heads, self.head_dim), *rope)
-        k = apply_rotary(k.view(tokens, self.kv_heads, self.head_dim), *rope)
-        v = v.reshape(tokens, self.kv_heads, self.head_dim)
+        # views of the one projection, rotated there in place
+        q, k, v = self.qkv_proj(x).view(tokens, self.heads + 2 * self.kv_heads, self.head_dim).split(
+            [self.heads, self.kv_heads, self.kv_heads], dim=1)
+        ops.rotary_(q, k, *rope)
         if ctx is None:  # one sequence, no cache
             out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
                                                  is_causal=True, enable_gqa=True).transpose(0, 1)
@@ -82,9 +79,8 @@ class MLP(nn.Module):
         self.gate_up_proj = nn.Linear(shape.hidden, 2 * shape.intermediate, bias=False)
         self.down_proj = nn.Linear(shape.intermediate, shape.hidden, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+    def forward(self, x: torch.Tensor, ops: ModuleType) -> torch.Tensor:
+        return self.down_proj(ops.silu_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -95,9 +91,17 @@ class DecoderLayer(nn.Module):
         self.post_attention_norm = nn.RMSNorm(shape.hidden, eps=shape.norm_eps)
         self.mlp = MLP(shape)
 
-    def forward(self, x, rope, ctx):
-        x = x + self.attn(self.input_norm(x), rope, ctx)
-        return x + self.mlp(self.post_attention_norm(x))
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, rope, ctx: ForwardContext | None,
+                ops: ModuleType) -> tuple[torch.Tensor, torch.Tensor]:
+        """(this layer's MLP output, the residual stream before it); their sum is the layer's output.
+        The addition is left to the next layer's fused add + RMSNorm."""
+        if residual is None:
+            residual, h = x, ops.rms_norm(x, self.input_norm.weight, self.input_norm.eps)
+        else:
+            h, residual = ops.add_rms_norm(x, residual, self.input_norm.weight, self.input_norm.eps)
+        h = self.attn(h, rope, ctx, ops)
+        h, residual = ops.add_rms_norm(h, residual, self.post_attention_norm.weight, self.post_attention_norm.eps)
+        return self.mlp(h, ops), residual
 
 
 class LlamaModel(nn.Module):
@@ -120,11 +124,12 @@ class LlamaModel(nn.Module):
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext | None = None) -> torch.Tensor:
         """Final hidden states [T, hidden] (before the last norm) of the tokens at `positions`."""
+        ops = ctx.ops if ctx is not None else backend("torch")
         rope = rotary_tables(positions, self.shape.head_dim, self.shape.rope_theta)
-        x = self.embed(tokens)
+        x, residual = self.embed(tokens), None
         for layer in self.layers:
-            x = layer(x, rope, ctx)
-        return x
+            x, residual = layer(x, residual, rope, ctx, ops)
+        return x + residual
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.norm(hidden)).float()

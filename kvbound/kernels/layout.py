@@ -29,6 +29,9 @@ class PagedBatch:
     query_starts: torch.Tensor  # [R] int32: first query row of each request
     max_query_len: int  # max of query_lens, known on the host (sizes the kernel grid)
     block_size: int
+    # decode only: key-range splits per (request, KV head) of the Triton kernel (split-K, flash-decoding);
+    # 1 = one program walks the whole sequence
+    num_splits: int = 1
 
     @property
     def num_requests(self) -> int:
@@ -59,3 +62,16 @@ def token_slots(block_tables: torch.Tensor, rows, positions: torch.Tensor, block
     """Pool slots (int64) of the tokens at `positions` of the requests in `rows` of `block_tables`
     (`rows` is one request index for all positions, or a tensor with one per position)."""
     return block_tables[rows, positions // block_size].long() * block_size + positions % block_size
+
+
+def decode_split_count(num_requests: int, kv_heads: int, max_seq_len: int, multiprocessors: int, *,
+                       min_keys_per_split: int = 256, max_splits: int = 16) -> int:
+    """Key-range splits per (request, KV head) for split-K decode attention: 1 when the
+    requests x KV heads programs already fill the GPU's `multiprocessors` (0: not a GPU), else
+    enough for about two programs per multiprocessor, each of at least `min_keys_per_split` keys."""
+    programs = num_requests * kv_heads
+    if programs == 0 or programs >= multiprocessors:
+        return 1
+    by_occupancy = -(-2 * multiprocessors // programs)
+    by_length = max(1, max_seq_len // min_keys_per_split)
+    return max(1, min(max_splits, by_occupancy, by_length))

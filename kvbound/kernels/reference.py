@@ -3,7 +3,10 @@
 Written for obvious correctness first: gather each request's keys from the pool by slot,
 then PyTorch's dense attention with a mask. Decode attention is one call for all decode
 requests, padded to the longest (no per-request overhead); prefill attention is one causal
-call per request (its overhead is the cost model's `per_prefill_request` term).
+call per request (its overhead is the cost model's `per_prefill_request` term). Decode
+attention ignores `PagedBatch.num_splits` (split-K only changes the Triton kernel's order of
+summation). The fused layer operations (`add_rms_norm`, `rotary_`, `silu_mul`) are the
+unfused PyTorch expressions they replace.
 """
 from __future__ import annotations
 
@@ -56,3 +59,32 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
                                               _gather(v_cache, slots).transpose(0, 1), attn_mask=visible, enable_gqa=True)
         out[start:start + c] = attn.transpose(0, 1)
     return out
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm of each row of x `[T, hidden]` (a new tensor)."""
+    return F.rms_norm(x, weight.shape, weight, eps)
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(RMSNorm(x + residual), x + residual): the residual stream of a pre-norm decoder layer.
+    The Triton twin overwrites x and residual with them; this one allocates."""
+    residual = x + residual
+    return rms_norm(residual, weight, eps), residual
+
+
+def rotary_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    """Rotate q `[T, heads, head_dim]` and k `[T, kv_heads, head_dim]` in place by their tokens'
+    angles (cos, sin `[T, head_dim / 2]`, float32), the half-split convention of the Llama reference
+    code, computed in float32."""
+    for x in (q, k):
+        x1, x2 = x.float().chunk(2, dim=-1)
+        c, s = cos[:, None], sin[:, None]
+        x.copy_(torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1))
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """SwiGLU's SiLU(gate) * up of `[T, 2 * intermediate]` (gate first, then up): `[T, intermediate]`."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up

@@ -34,15 +34,26 @@ def _write_kv_kernel(key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, key
     tl.store(v_cache_ptr + slot * ROW + cols, value, mask=mask)
 
 
-@triton.jit(do_not_specialize=["table_stride"])
-def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, tables_ptr, seq_lens_ptr,
-                   q_stride, out_stride, table_stride, scale,
+@triton.jit(do_not_specialize=["table_stride", "num_splits"])
+def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, m_ptr, l_ptr, tables_ptr, seq_lens_ptr,
+                   q_stride, out_stride, table_stride, num_splits, scale,
                    BLOCK_SIZE: tl.constexpr, KV_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
-                   HEAD_DIM: tl.constexpr, TILE_N: tl.constexpr):
-    # one program per (request, KV head): the GROUP query heads sharing that KV head read it once
+                   HEAD_DIM: tl.constexpr, TILE_N: tl.constexpr, SPLIT: tl.constexpr):
+    # one program per (request, KV head, key range): the GROUP query heads sharing that KV head read
+    # it once. Without SPLIT the range is the whole sequence and the program writes the output;
+    # with SPLIT (flash-decoding) it is one of num_splits tile-aligned ranges and the program writes
+    # its unnormalised sum, running max and running sum for _combine_splits_kernel.
     r = tl.program_id(0)
     kv_head = tl.program_id(1)
+    split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + r)
+    if SPLIT:
+        span = tl.cdiv(tl.cdiv(seq_len, num_splits), TILE_N) * TILE_N
+        lo = split * span
+        hi = tl.minimum(lo + span, seq_len)
+    else:
+        lo = 0
+        hi = seq_len
     g = tl.arange(0, GROUP_PAD)
     d = tl.arange(0, HEAD_DIM)
     heads = kv_head * GROUP + g
@@ -52,24 +63,48 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, tables_ptr, seq_len
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
-    for start in range(0, seq_len, TILE_N):
+    for start in range(lo, hi, TILE_N):  # no iteration for an empty split: m stays -inf, l and acc 0
         pos = start + tl.arange(0, TILE_N)
-        valid = pos < seq_len
+        valid = pos < hi
         block = tl.load(tables_ptr + r * table_stride + pos // BLOCK_SIZE, mask=valid, other=0)
         rows = (block.to(tl.int64) * BLOCK_SIZE + pos % BLOCK_SIZE) * (KV_HEADS * HEAD_DIM) + kv_head * HEAD_DIM
         k = tl.load(k_cache_ptr + rows[:, None] + d[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
         s = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale  # [GROUP_PAD, TILE_N]
         s = tl.where(valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))  # finite: position 0 is in the first tile
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))  # finite: the tile's first position is valid
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(s - m_new[:, None])
         v = tl.load(v_cache_ptr + rows[:, None] + d[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
         m_i = m_new
-    out = acc / l_i[:, None]
-    tl.store(out_ptr + r * out_stride + heads[:, None] * HEAD_DIM + d[None, :], out.to(out_ptr.dtype.element_ty),
-             mask=head_ok[:, None])
+    if SPLIT:  # partials [R, heads, num_splits] (m, l) and [R, heads, num_splits, HEAD_DIM] (acc), float32
+        part = (r * (KV_HEADS * GROUP) + heads) * num_splits + split
+        tl.store(m_ptr + part, m_i, mask=head_ok)
+        tl.store(l_ptr + part, l_i, mask=head_ok)
+        tl.store(out_ptr + part[:, None] * HEAD_DIM + d[None, :], acc, mask=head_ok[:, None])
+    else:
+        out = acc / l_i[:, None]
+        tl.store(out_ptr + r * out_stride + heads[:, None] * HEAD_DIM + d[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=head_ok[:, None])
+
+
+@triton.jit(do_not_specialize=["num_splits"])
+def _combine_splits_kernel(acc_ptr, m_ptr, l_ptr, out_ptr, out_stride, num_splits,
+                           HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr):
+    # one program per (request, query head): rescale each split's partial sums to the common max
+    r = tl.program_id(0)
+    head = tl.program_id(1)
+    sp = tl.arange(0, SPLITS_PAD)
+    d = tl.arange(0, HEAD_DIM)
+    ok = sp < num_splits
+    part = (r * HEADS + head) * num_splits + sp
+    m = tl.load(m_ptr + part, mask=ok, other=float("-inf"))
+    l = tl.load(l_ptr + part, mask=ok, other=0.0)
+    acc = tl.load(acc_ptr + part[:, None] * HEAD_DIM + d[None, :], mask=ok[:, None], other=0.0)
+    weight = tl.exp(m - tl.max(m, axis=0))  # split 0 is never empty, so the max is finite; empty splits weigh 0
+    out = tl.sum(acc * weight[:, None], axis=0) / tl.sum(l * weight, axis=0)
+    tl.store(out_ptr + r * out_stride + head * HEAD_DIM + d, out.to(out_ptr.dtype.element_ty))
 
 
 @triton.jit(do_not_specialize=["table_stride"])
@@ -139,7 +174,9 @@ def write_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_ca
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: PagedBatch,
                      out: torch.Tensor | None = None) -> torch.Tensor:
     """q `[R, heads, head_dim]`, one query per request; request r attends to its seq_lens[r] cached tokens.
-    Writes into `out` (same shape as q) when given."""
+    Writes into `out` (same shape as q) when given. With batch.num_splits > 1, split-K
+    (flash-decoding): each (request, KV head) is walked by num_splits programs, then combined.
+    No host synchronisation and fixed-shape scratch only, so it can be captured in a CUDA graph."""
     num_req, heads, dim = q.shape
     kv_heads = k_cache.shape[2]
     out = torch.empty_like(q) if out is None else out
@@ -148,11 +185,22 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     _check_rows("q", q)
     _check_rows("out", out)
     group = heads // kv_heads
-    _decode_kernel[(num_req, kv_heads)](
-        q, k_cache, v_cache, out, batch.block_tables, batch.seq_lens,
-        q.stride(0), out.stride(0), batch.block_tables.stride(0), dim ** -0.5,
+    splits = batch.num_splits
+    if splits > 1:
+        partial_max = torch.empty(num_req, heads, splits, dtype=torch.float32, device=q.device)
+        partial_sum = torch.empty_like(partial_max)
+        partial_acc = torch.empty(num_req, heads, splits, dim, dtype=torch.float32, device=q.device)
+        target = partial_acc
+    else:
+        partial_max = partial_sum = target = out  # unused pointers
+    _decode_kernel[(num_req, kv_heads, splits)](
+        q, k_cache, v_cache, target, partial_max, partial_sum, batch.block_tables, batch.seq_lens,
+        q.stride(0), out.stride(0), batch.block_tables.stride(0), splits, dim ** -0.5,
         BLOCK_SIZE=batch.block_size, KV_HEADS=kv_heads, GROUP=group, GROUP_PAD=triton.next_power_of_2(group),
-        HEAD_DIM=dim, TILE_N=BLOCK_N)
+        HEAD_DIM=dim, TILE_N=BLOCK_N, SPLIT=splits > 1)
+    if splits > 1:
+        _combine_splits_kernel[(num_req, heads)](partial_acc, partial_max, partial_sum, out, out.stride(0), splits,
+                                                 HEADS=heads, HEAD_DIM=dim, SPLITS_PAD=triton.next_power_of_2(splits))
     return out
 
 
@@ -174,4 +222,122 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
         q.stride(0), out.stride(0), batch.block_tables.stride(0), dim ** -0.5,
         BLOCK_SIZE=batch.block_size, KV_HEADS=kv_heads, GROUP=heads // kv_heads, HEAD_DIM=dim,
         TILE_M=BLOCK_M, TILE_N=BLOCK_N)
+    return out
+
+
+# ---------------------------------------------------------------- fused layer operations
+# Each replaces several PyTorch kernels (casts, chunks, concatenations, elementwise ops) by one
+# launch: per decoder layer, two add + RMSNorm, one rotary for q and k, one SiLU * up.
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, residual_ptr, out_ptr, weight_ptr, x_stride, residual_stride, out_stride, eps,
+                     HIDDEN: tl.constexpr, BLOCK: tl.constexpr, ADD_RESIDUAL: tl.constexpr):
+    t = tl.program_id(0)  # one program per token
+    cols = tl.arange(0, BLOCK)
+    mask = cols < HIDDEN
+    x = tl.load(x_ptr + t * x_stride + cols, mask=mask, other=0.0)
+    if ADD_RESIDUAL:
+        x = x + tl.load(residual_ptr + t * residual_stride + cols, mask=mask, other=0.0)
+        tl.store(residual_ptr + t * residual_stride + cols, x, mask=mask)
+    x = x.to(tl.float32)
+    rms = tl.rsqrt(tl.sum(x * x, axis=0) / HIDDEN + eps)
+    weight = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + t * out_stride + cols, (x * rms * weight).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _norm(x: torch.Tensor, residual: torch.Tensor | None, out: torch.Tensor, weight: torch.Tensor,
+          eps: float) -> None:
+    tokens, hidden = x.shape
+    if tokens == 0:
+        return
+    if x.stride(1) != 1 or out.stride(1) != 1 or (residual is not None and residual.stride(1) != 1):
+        raise ValueError("rms_norm: rows must be contiguous")
+    _rms_norm_kernel[(tokens,)](x, residual if residual is not None else x, out, weight, x.stride(0),
+                                residual.stride(0) if residual is not None else 0, out.stride(0), eps,
+                                HIDDEN=hidden, BLOCK=triton.next_power_of_2(hidden),
+                                ADD_RESIDUAL=residual is not None)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm of each row of x `[T, hidden]` (a new tensor)."""
+    out = torch.empty_like(x)
+    _norm(x, None, out, weight, eps)
+    return out
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(RMSNorm(x + residual), x + residual) in one pass, in place: residual becomes x + residual,
+    x its norm (vLLM's fused_add_rms_norm)."""
+    _norm(x, residual, x, weight, eps)
+    return x, residual
+
+
+@triton.jit
+def _rotate_heads(row_ptr, cos, sin, i, i_ok, HEADS: tl.constexpr, HEADS_PAD: tl.constexpr, HALF: tl.constexpr):
+    h = tl.arange(0, HEADS_PAD)
+    mask = (h[:, None] < HEADS) & i_ok[None, :]
+    first = row_ptr + h[:, None] * (2 * HALF) + i[None, :]
+    x1 = tl.load(first, mask=mask, other=0.0)
+    x2 = tl.load(first + HALF, mask=mask, other=0.0)
+    x1f, x2f = x1.to(tl.float32), x2.to(tl.float32)
+    tl.store(first, (x1f * cos[None, :] - x2f * sin[None, :]).to(x1.dtype), mask=mask)
+    tl.store(first + HALF, (x2f * cos[None, :] + x1f * sin[None, :]).to(x1.dtype), mask=mask)
+
+
+@triton.jit
+def _rotary_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, q_stride, k_stride, angle_stride,
+                   HEADS: tl.constexpr, HEADS_PAD: tl.constexpr, KV_HEADS: tl.constexpr, KV_HEADS_PAD: tl.constexpr,
+                   HALF: tl.constexpr, HALF_PAD: tl.constexpr):
+    t = tl.program_id(0)  # one program per token: all its q and k heads
+    i = tl.arange(0, HALF_PAD)
+    i_ok = i < HALF
+    cos = tl.load(cos_ptr + t * angle_stride + i, mask=i_ok, other=0.0)
+    sin = tl.load(sin_ptr + t * angle_stride + i, mask=i_ok, other=0.0)
+    _rotate_heads(q_ptr + t * q_stride, cos, sin, i, i_ok, HEADS, HEADS_PAD, HALF)
+    _rotate_heads(k_ptr + t * k_stride, cos, sin, i, i_ok, KV_HEADS, KV_HEADS_PAD, HALF)
+
+
+def rotary_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    """Rotate q `[T, heads, head_dim]` and k `[T, kv_heads, head_dim]` in place by their tokens'
+    angles (cos, sin `[T, head_dim / 2]`, float32), the half-split convention of the Llama reference
+    code, computed in float32."""
+    tokens, heads, dim = q.shape
+    if tokens == 0:
+        return
+    _check_rows("q", q)
+    _check_rows("k", k)
+    if cos.stride(1) != 1 or sin.stride() != cos.stride():
+        raise ValueError("rotary_: cos and sin must be [T, head_dim / 2] with contiguous rows and equal strides")
+    kv_heads = k.shape[1]
+    _rotary_kernel[(tokens,)](q, k, cos, sin, q.stride(0), k.stride(0), cos.stride(0),
+                              HEADS=heads, HEADS_PAD=triton.next_power_of_2(heads), KV_HEADS=kv_heads,
+                              KV_HEADS_PAD=triton.next_power_of_2(kv_heads), HALF=dim // 2,
+                              HALF_PAD=triton.next_power_of_2(dim // 2))
+
+
+SILU_BLOCK = 1024  # columns per SiLU * up program
+
+
+@triton.jit
+def _silu_mul_kernel(gate_up_ptr, out_ptr, in_stride, out_stride, WIDTH: tl.constexpr, BLOCK: tl.constexpr):
+    t = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < WIDTH
+    gate = tl.load(gate_up_ptr + t * in_stride + cols, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(gate_up_ptr + t * in_stride + WIDTH + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + t * out_stride + cols, (gate * tl.sigmoid(gate) * up).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """SwiGLU's SiLU(gate) * up of `[T, 2 * intermediate]` (gate first, then up): `[T, intermediate]`."""
+    tokens, width = gate_up.shape[0], gate_up.shape[1] // 2
+    out = torch.empty(tokens, width, dtype=gate_up.dtype, device=gate_up.device)
+    if tokens == 0:
+        return out
+    if gate_up.stride(1) != 1:
+        raise ValueError("silu_mul: rows must be contiguous")
+    block = min(SILU_BLOCK, triton.next_power_of_2(width))
+    _silu_mul_kernel[(tokens, triton.cdiv(width, block))](gate_up, out, gate_up.stride(0), out.stride(0),
+                                                          WIDTH=width, BLOCK=block)
     return out
