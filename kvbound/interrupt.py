@@ -12,10 +12,12 @@ model building) when the deadline passes, through SIGALRM, in the main thread.
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import shutil
 import signal
+import sys
 import threading
 
 #: exit statuses: 128 + the signal number, as shells report them
@@ -121,10 +123,29 @@ def raises_now() -> bool:
 _abandoned: list = []
 
 
+#: seconds the interpreter's exit waits for an abandoned solver thread to return (it was told to stop)
+EXIT_WAIT = 30.0
+
+
 def abandon(thread) -> None:
-    """A solver thread that did not stop when asked; the CLI ends the process without waiting for it."""
+    """A solver thread that did not stop when asked; the CLI ends the process without waiting for it.
+
+    A library caller's interpreter would abort at exit if the thread still ran in native code
+    ("terminate called without an active exception"), so at exit the thread gets EXIT_WAIT
+    seconds to return, and the process then ends at once (status 1) if it has not."""
     with _lock:
+        if not _abandoned:
+            atexit.register(_end_abandoned)
         _abandoned.append(thread)
+
+
+def _end_abandoned() -> None:
+    for thread in _abandoned:
+        thread.join(EXIT_WAIT)
+    if abandoned():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
 
 
 def abandoned() -> bool:

@@ -184,3 +184,30 @@ def test_progress_line_only_on_a_terminal(tty, enabled):
         assert stream.text.endswith("\r")  # the line is erased: the result follows on a clean line
     else:
         assert stream.text == ""
+
+
+ABANDONED = """
+import sys, threading, time
+from kvbound import interrupt
+interrupt.EXIT_WAIT = {wait}
+def work():
+    time.sleep({sleep})
+    open(sys.argv[1], "w").write("returned")
+thread = threading.Thread(target=work, daemon=True)
+thread.start()
+interrupt.abandon(thread)
+print("done", flush=True)
+"""
+
+
+@pytest.mark.parametrize("sleep, wait, status, returned", [(0.5, 10.0, 0, True), (30.0, 0.3, 1, False)])
+def test_an_abandoned_solver_thread_never_aborts_the_interpreter(tmp_path, sleep, wait, status, returned):
+    # a library caller's interpreter exit waits for a solver thread that was given up on (it was told to
+    # stop), and ends the process cleanly (status 1) if it still runs, instead of aborting in native code
+    marker = tmp_path / "marker"
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", ABANDONED.format(sleep=sleep, wait=wait), str(marker)],
+                          capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert proc.returncode == status, proc.stderr
+    assert proc.stdout == "done\n" and marker.exists() == returned
+    assert time.monotonic() - t0 < 15
