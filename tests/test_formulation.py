@@ -396,3 +396,21 @@ def test_dual_feasible_batch_count_on_the_figure_15_family(I):
     assert area < 14 and dff_batches(inst) == 14 == min_batches(inst)
     for name in ("sarathi", "evict-short", "rank-i", "mcsf-pc"):
         assert validate(inst, run_scheduler(inst, name).schedule).metrics.batches >= 14
+
+
+# ------------------------------------------------------------------------------ the release bound
+
+def test_release_bound_counts_the_batches_of_a_late_burst():
+    # one request at 0, then three at t = 10 that each fill M = 4 alone: whatever runs before 10,
+    # the burst needs three batches after it (13 s); the other bounds see 10 + 1 s or 4 batches
+    from kvbound.formulation.bounds import release_bound
+
+    reqs = (Request(1, 1),) + (Request(4, 1, 10.0),) * 3
+    inst = Instance(reqs, SystemConfig(4, 64, 64, 1), CostModel(intercept=1.0))
+    assert release_bound(inst) == (13.0, 10.0)
+    bounds = {b.name: b.value for b in analytic_bounds(inst, "total_latency")}
+    assert max(bounds.values()) == 13.0 and sorted(bounds.values())[-2] < 13.0
+    assert brute_force(inst, "total_latency").value == 13.0
+    # offline, the release bound is the batch bound itself: it is not listed
+    offline = Instance(tuple(Request(r.prompt, r.output) for r in reqs), inst.system, inst.cost)
+    assert len(analytic_bounds(offline, "total_latency")) == 2

@@ -11,6 +11,8 @@ Analytic bounds (docs/formulation.md, "Bounds"):
 * work: `minimum_work` (per-token, first-prefill attention, and per generated token the
   cheaper of a decode or a refill).
 * per-request: request i alone needs O_i batches after its arrival, and its own work.
+* release: for every arrival time t, t plus the batch bound and the work of the requests
+  arriving at t or later (`release_bound`).
 """
 from __future__ import annotations
 
@@ -126,6 +128,10 @@ def analytic_bounds(instance: Instance, objective: str) -> list[Bound]:
                          time.perf_counter() - t0, note=f"at least {nb} batches"))
         per_req = max(r.arrival + own_time_lower_bound(instance, i) for i, r in enumerate(instance.requests))
         out.append(Bound("latest arrival + own work", per_req, time.perf_counter() - t0))
+        if (instance.arrivals > instance.arrivals.min()).any():
+            value, t = release_bound(instance)
+            out.append(Bound("arrival t + batches x intercept + work of the requests arriving from t", value,
+                             time.perf_counter() - t0, note=f"t = {t:.6g} s"))
     else:
         first = objective.first_token
         alone = sum(own_time_lower_bound(instance, i, first) for i in range(len(instance))) / len(instance)
@@ -136,6 +142,38 @@ def analytic_bounds(instance: Instance, objective: str) -> list[Bound]:
                          "k-th first token >= k smallest capacity shares + prefill work",
                          float(ordered.sum() - instance.arrivals.sum()) / len(instance), time.perf_counter() - t0))
     return out
+
+
+def release_bound(instance: Instance) -> tuple[float, float]:
+    """(bound, t): the batch bound of `min_batches` applied to the requests that arrive at t or later.
+
+    None of them is processed before t, so the batches that process them all start at t or later:
+    at least as many as those requests need on their own (longest output, tokens / C, prompts / P,
+    KV area / M, the dual-feasible weights of their KV items), each paying the intercept, plus their
+    minimal work. The makespan is at least t plus that, for every arrival time t; with t = 0 this is
+    the offline batch bound, and it grows where a burst arrives late and the KV limit binds.
+    """
+    s, cost = instance.system, instance.cost
+    reqs = instance.requests
+    order = np.argsort(instance.arrivals, kind="stable")
+    arrivals = instance.arrivals[order]
+
+    def suffix(values) -> np.ndarray:  # sums over the requests from each position of `order` on
+        return np.cumsum(np.asarray(values, dtype=float)[order][::-1], axis=0)[::-1]
+
+    items, owner = kv_items(instance)
+    per_request = np.stack([np.bincount(owner, dual_feasible_weights(items, s.kv_capacity, k), len(reqs))
+                            for k in range(1, DFF_FUNCTIONS + 1)], axis=1)
+    by_dff = np.ceil(suffix(per_request).max(axis=1) - 1e-9)
+    by_output = np.maximum.accumulate(np.array([r.output for r in reqs])[order][::-1])[::-1]
+    by_tokens = np.ceil(suffix([r.peak_kv for r in reqs]) / s.max_batch_tokens)
+    by_prefill = np.ceil(suffix([r.prompt for r in reqs]) / s.max_prefill_tokens)
+    by_area = np.ceil(suffix([r.output * r.prompt + r.output * (r.output - 1) // 2 for r in reqs]) / s.kv_capacity)
+    batches = np.max(np.stack([by_output, by_tokens, by_prefill, by_area, by_dff]), axis=0)
+    values = arrivals + batches * cost.intercept + suffix([request_minimum_work(r, cost) for r in reqs])
+    first_of_time = np.r_[True, arrivals[1:] > arrivals[:-1]]  # requests arriving at t are all counted
+    best = int(np.argmax(np.where(first_of_time, values, -np.inf)))
+    return float(values[best]), float(arrivals[best])
 
 
 def completion_order_bounds(instance: Instance, first_token: bool = False, steps: int = 11) -> np.ndarray:
