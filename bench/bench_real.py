@@ -70,7 +70,7 @@ def _key(row) -> tuple:
 # ----------------------------------------------------------------------------- one point (child process)
 
 def run_point(case: str, objective: str, time_limit: float) -> dict:
-    from kvbound import load_case
+    from kvbound import interrupt, load_case
     from kvbound.formulation.base import Constraints
     from kvbound.formulation.bounds import analytic_bounds
     from kvbound.objective import Objective
@@ -113,7 +113,9 @@ def run_point(case: str, objective: str, time_limit: float) -> dict:
         "backend_status": res.backend_status, "seconds": f"{res.seconds:.2f}",
         "unused_s": f"{max(0.0, time_limit - res.seconds):.2f}",
         "peak_rss_mb": f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f}",
-        "load_after": f"{os.getloadavg()[0]:.2f}", "error": "",
+        "load_after": f"{os.getloadavg()[0]:.2f}",
+        # HiGHS did not stop when asked (a phase without callbacks) and its thread was left running
+        "error": "HiGHS thread abandoned after the deadline" if interrupt.abandoned() else "",
     })
     return row
 
@@ -183,8 +185,10 @@ def select_cases(folder: Path, traces, sizes, regimes, arrivals) -> list[Path]:
 
 def main(argv=None) -> int:
     if argv is None and len(sys.argv) == 5 and sys.argv[1] == "--point":
-        print(json.dumps(run_point(sys.argv[2], sys.argv[3], float(sys.argv[4]))))
-        return 0
+        print(json.dumps(run_point(sys.argv[2], sys.argv[3], float(sys.argv[4]))), flush=True)
+        # an abandoned HiGHS thread would abort a normal interpreter exit (std::terminate, exit -6,
+        # "terminate called without an active exception"): leave at once, as the CLI does
+        os._exit(0)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("--time-limit", type=float, default=None,
