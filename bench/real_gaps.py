@@ -51,13 +51,15 @@ def anatomy(path: Path, objective: str) -> dict:
     bounds = {b.name: b.value for b in analytic_bounds(inst, objective)}
     lb = max(bounds.values())
     used = rep.batch_features[:, 0] > 0 if rep.batch_features.size else np.array([], bool)
-    tokens = rep.batch_features[used, 0] if rep.batch_features.size else np.array([])
+    tokens = rep.batch_features[used, 1] if rep.batch_features.size else np.array([])
     out = {"case": path.stem, "N": len(inst), "M": s.kv_capacity, "objective": objective, "best_heuristic": best.name,
            "value": value, "bound": lb, "gap": (value - lb) / value, "bounds": bounds,
            "batches": int(rep.metrics.batches), "evictions": int(rep.metrics.evictions),
            "recomputed_tokens": int(rep.metrics.recomputed_tokens),
            "mean_kv_use": float(np.mean(rep.batch_kv[used]) / s.kv_capacity) if used.any() else 0.0,
-           "mean_token_use": float(np.mean(tokens) / s.max_batch_tokens) if used.any() else 0.0}
+           "mean_token_use": float(np.mean(tokens) / s.max_batch_tokens) if used.any() else 0.0,
+           # batches holding less than half of M: where a schedule that keeps the KV full would save batches
+           "batches_below_half_kv": int(np.sum(rep.batch_kv[used] < 0.5 * s.kv_capacity)) if used.any() else 0}
     if obj is Objective.TOTAL_LATENCY:
         area = sum(r.output * r.prompt + r.output * (r.output - 1) // 2 for r in reqs)
         parts = {"longest output": max(r.output for r in reqs),
@@ -97,7 +99,7 @@ def main(argv=None) -> int:
             continue
         print(f"{a['case']} ({a['objective']}): best heuristic {a['best_heuristic']} {a['value']:.6g} s, "
               f"bound {a['bound']:.6g} s, gap {100 * a['gap']:.2f}%; {a['batches']} batches, {a['evictions']} evictions, "
-              f"mean KV use {100 * a['mean_kv_use']:.1f}% of M, mean tokens {100 * a['mean_token_use']:.1f}% of C")
+              f"mean KV use {100 * a['mean_kv_use']:.1f}% of M ({a['batches_below_half_kv']} batches below M/2), mean tokens {100 * a['mean_token_use']:.1f}% of C")
         if "bound_batches" in a:
             print(f"  bound batches {a['bound_batches']} = max({', '.join(f'{k} {v}' for k, v in a['bound_batch_parts'].items())})")
             print(f"  gap {a['value'] - a['bound']:.4f} s = batches {a['gap_from_batches_s']:.4f} s + work "
