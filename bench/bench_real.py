@@ -151,24 +151,79 @@ def _num(v, digits=6):
         return str(v or "")
 
 
+def _f(v) -> float | None:
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def _order(r: dict) -> tuple:
+    order = {t: k for k, t in enumerate(TRACES)}
+    return (int(r["requests"] or 0), order.get(r["trace"], 9), r["m_regime"] != "tight", r["arrivals"] != "t0",
+            r["objective"] != "total_latency", _f(r["time_limit_s"]) or 0)
+
+
+def summary(rows: list[dict]) -> list[str]:
+    """Per objective and N: points, proven, skipped models, gaps (median, max), time used, peak memory."""
+    out = ["", "## Summary (from the rows above)", "",
+           "| objective | N | points | optimal | model skipped | model built | median gap | max gap "
+           "| solve lost a better heuristic | median s used / limit | max peak MB |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
+    groups: dict = {}
+    for r in rows:
+        if r["status"] in ("error", "killed"):
+            continue
+        groups.setdefault((r["objective"], int(r["requests"])), []).append(r)
+    for (obj, n), rs in sorted(groups.items()):
+        gaps = sorted(_f(r["gap"]) for r in rs if _f(r["gap"]) is not None)
+        used = sorted(_f(r["seconds"]) / _f(r["time_limit_s"]) for r in rs)
+        lost = sum(1 for r in rs if _f(r["best_heuristic_value"]) is not None
+                   and _f(r["best_value"]) > _f(r["best_heuristic_value"]) * (1 + 1e-9))
+        limits = sorted({r["time_limit_s"] for r in rs})
+        out.append(f"| {obj} | {n} | {len(rs)} | {sum(r['status'] == 'optimal' for r in rs)} | "
+                   f"{sum(r['model'].startswith('skipped') for r in rs)} | "
+                   f"{sum(bool(r['model']) and not r['model'].startswith('skipped') for r in rs)} | "
+                   f"{100 * gaps[len(gaps) // 2]:.2f}% | {100 * gaps[-1]:.2f}% | {lost} | "
+                   f"{100 * used[len(used) // 2]:.0f}% of {'/'.join(limits)} s | "
+                   f"{max(int(r['peak_rss_mb'] or 0) for r in rs)} |")
+    return out
+
+
 def write_markdown(rows: list[dict], path: Path, header: list[str]) -> None:
+    rows = sorted(rows, key=_order)
     lines = header + [
         "",
-        "| case | N | M | arr | objective | best heuristic | best (s) | source | bound (s) | binding bound | gap "
+        "## Results",
+        "",
+        "*best heuristic*: the best of FAST_HEURISTICS run without a deadline (outside the solve); *best*: what "
+        "`solve_with` reported (a † marks a solve whose heuristics, cut at half the time limit, missed the better "
+        "heuristic schedule); *bound*: the certified lower bound and *binding bound* which bound it is; "
+        "*gap* = (best - bound) / best; *used / limit*: seconds of the solve against its limit; *heur s*: the "
+        "heuristics without a deadline; *peak MB*: the child process's maxrss; *load*: 1-minute load average "
+        "before and after the point.",
+        "",
+        "| trace | N | M | arr | objective | best heuristic | best (s) | source | bound (s) | binding bound | gap "
         "| status | model | used / limit s | heur s | peak MB | load |",
         "|---|---:|---|---|---|---|---:|---|---:|---|---:|---|---|---:|---:|---:|---|",
     ]
     for r in rows:
         gap = f"{100 * float(r['gap']):.2f}%" if r["gap"] not in ("", None) else ""
         heur = f"{r['best_heuristic']} {_num(r['best_heuristic_value'])}" if r["best_heuristic"] else ""
+        lost = (_f(r["best_heuristic_value"]) is not None and _f(r["best_value"]) is not None
+                and _f(r["best_value"]) > _f(r["best_heuristic_value"]) * (1 + 1e-9))
         model = r["model"] or r["error"]
         if model.startswith("skipped"):
-            model = "skipped: model too large (" + model.split("(", 2)[-1].replace(" variables", " vars").rstrip(")") + ")"
+            size = model.split("~", 1)[-1].split(" ", 1)[0]
+            model = f"skipped: model too large (~{size} vars)"
+        if r["error"] and r["model"]:
+            model += f"; {r['error']}"
         lines.append(f"| {r['trace']} | {r['requests']} | {r['m_regime']} {r['kv_capacity']} | {r['arrivals']} | "
-                     f"{r['objective']} | {heur} | {_num(r['best_value'])} | {r['best_source']} | "
+                     f"{r['objective']} | {heur} | {_num(r['best_value'])}{' †' if lost else ''} | {r['best_source']} | "
                      f"{_num(r['lower_bound'])} | {r['binding_bound']} | {gap} | {r['status']} | {model} | "
                      f"{r['seconds']} / {r['time_limit_s']} | {r['heuristics_s']} | {r['peak_rss_mb']} | "
                      f"{r['load_before']}-{r['load_after']} |")
+    lines += summary(rows)
     write_atomic(path, "\n".join(lines) + "\n")
 
 
@@ -200,7 +255,9 @@ def main(argv=None) -> int:
     ap.add_argument("--arrivals", default="t0,arr")
     ap.add_argument("--cases", default=str(CASES), help="folder built by bench/real_cases.py")
     ap.add_argument("--out", default=str(RESULTS / "real.csv"))
-    ap.add_argument("--header", default=None, help="a file whose text heads real.md (the run's description)")
+    ap.add_argument("--header", default=str(RESULTS / "real_header.md"),
+                    help="a file whose text heads real.md (default bench/results/real_header.md, if it exists)")
+    ap.add_argument("--report-only", action="store_true", help="only rewrite real.md from every row of the CSV")
     args = ap.parse_args(argv)
     split = lambda s: [x for x in s.split(",") if x]  # noqa: E731
     traces, objectives = split(args.traces), split(args.objectives)
@@ -217,7 +274,7 @@ def main(argv=None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     table = ResultsTable(out, COLUMNS, key=_key)
     pkey = lambda p: (p[0].stem, p[1], f"{p[2]:g}")  # noqa: E731
-    todo = [p for p in points if pkey(p) not in table.done]
+    todo = [] if args.report_only else [p for p in points if pkey(p) not in table.done]
     print(f"{len(points)} points, {len(points) - len(todo)} already in {out}", file=sys.stderr)
     for k, p in enumerate(todo, 1):
         t0 = time.time()
@@ -225,7 +282,7 @@ def main(argv=None) -> int:
         table.append([row])  # on disk before the next point starts
         print(f"[{k}/{len(todo)}] {p[0].stem} {p[1]} limit {p[2]:g}: {row['status']} gap {row['gap']} "
               f"in {time.time() - t0:.1f} s (load {os.getloadavg()[0]:.2f})", file=sys.stderr, flush=True)
-    header = (Path(args.header).read_text(encoding="utf-8").rstrip("\n").splitlines() if args.header else
+    header = (Path(args.header).read_text(encoding="utf-8").rstrip("\n").splitlines() if Path(args.header).is_file() else
               ["# Realistic benchmark", "", f"`python bench/bench_real.py`; {MACHINE}. See bench/bench_real.py."])
     write_markdown(table.rows, out.with_suffix(".md"), header)
     print(f"wrote {out} and {out.with_suffix('.md')}", file=sys.stderr)
