@@ -100,7 +100,12 @@ def main(argv=None) -> int:
         print(f"{a['case']} ({a['objective']}): best heuristic {a['best_heuristic']} {a['value']:.6g} s, "
               f"bound {a['bound']:.6g} s, gap {100 * a['gap']:.2f}%; {a['batches']} batches, {a['evictions']} evictions, "
               f"mean KV use {100 * a['mean_kv_use']:.1f}% of M ({a['batches_below_half_kv']} batches below M/2), mean tokens {100 * a['mean_token_use']:.1f}% of C")
-        if "bound_batches" in a:
+        if "bound_batches" in a and a["bound"] > a["bounds"]["batches x intercept + minimum work"] * (1 + 1e-9):
+            b = a["bounds"]["batches x intercept + minimum work"]
+            print(f"  binding: latest arrival + own work {a['bound']:.4f} s; the batch-count bound is {b:.4f} s "
+                  f"({a['bound_batches']} batches); the schedule: {a['batches']} batches, idle {a['idle_s']:.4f} s, "
+                  f"busy {a['value'] - a['idle_s']:.4f} s, work {a['schedule_work_s']:.4f} s vs minimum {a['minimum_work_s']:.4f} s")
+        elif "bound_batches" in a:
             print(f"  bound batches {a['bound_batches']} = max({', '.join(f'{k} {v}' for k, v in a['bound_batch_parts'].items())})")
             print(f"  gap {a['value'] - a['bound']:.4f} s = batches {a['gap_from_batches_s']:.4f} s + work "
                   f"{a['gap_from_work_s']:.4f} s (schedule {a['schedule_work_s']:.4f} vs minimum {a['minimum_work_s']:.4f}) "
