@@ -254,8 +254,8 @@ def main(argv=None) -> int:
     ap.add_argument("--arrivals", default="t0,arr")
     ap.add_argument("--cases", default=str(CASES), help="folder built by bench/real_cases.py")
     ap.add_argument("--out", default=str(RESULTS / "real.csv"))
-    ap.add_argument("--header", default=str(RESULTS / "real_header.md"),
-                    help="a file whose text heads real.md (default bench/results/real_header.md, if it exists)")
+    ap.add_argument("--header", default=None,
+                    help="a file whose text heads the .md (default: bench/results/real_header.md for the default --out)")
     ap.add_argument("--report-only", action="store_true", help="only rewrite real.md from every row of the CSV")
     args = ap.parse_args(argv)
     split = lambda s: [x for x in s.split(",") if x]  # noqa: E731
@@ -281,7 +281,10 @@ def main(argv=None) -> int:
         table.append([row])  # on disk before the next point starts
         print(f"[{k}/{len(todo)}] {p[0].stem} {p[1]} limit {p[2]:g}: {row['status']} gap {row['gap']} "
               f"in {time.time() - t0:.1f} s (load {os.getloadavg()[0]:.2f})", file=sys.stderr, flush=True)
-    header = (Path(args.header).read_text(encoding="utf-8").rstrip("\n").splitlines() if Path(args.header).is_file() else
+    if args.header is None and out.resolve() == (RESULTS / "real.csv").resolve():
+        args.header = str(RESULTS / "real_header.md")
+    header = (Path(args.header).read_text(encoding="utf-8").rstrip("\n").splitlines()
+              if args.header and Path(args.header).is_file() else
               ["# Realistic benchmark", "", f"`python bench/bench_real.py`; {MACHINE}. See bench/bench_real.py."])
     write_markdown(table.rows, out.with_suffix(".md"), header)
     print(f"wrote {out} and {out.with_suffix('.md')}", file=sys.stderr)
