@@ -81,8 +81,9 @@ def check_optimal(instance, objective, backend, no_evict=False, constraints=None
     if expected is None:
         expected = brute_force(instance, objective, allow_evict=not cons.no_evict,
                                max_batch_size=cons.max_batch_size).value
+    # skip_proven=False: the backend runs even where a heuristic schedule already meets the analytic bound
     res = solve(instance, objective, backend, kwargs.pop("time_limit", TIME_LIMIT), constraints=cons,
-                formulation=formulation, **kwargs)
+                formulation=formulation, skip_proven=False, **kwargs)
     where = (backend, formulation, objective, cons, res.status, res.objective, res.lower_bound, expected,
              res.stats.get("horizon"))
     assert res.status == "optimal", where
@@ -550,3 +551,16 @@ def test_cpsat_with_a_non_decimal_preset_and_arrivals(form, M):
     instance = Instance((Request(1, 1), Request(1, 1), Request(1, M, 0.00557964)), SystemConfig(M, 1, 1), A100)
     res, _ = check_optimal(instance, "total_latency", "cpsat", formulation=form)
     assert res.stats["bound_discarded"] is None
+
+
+def test_a_schedule_that_meets_the_analytic_bound_is_returned_without_a_model():
+    # UNIT_PAIR, mean latency: a heuristic reaches the analytic bound, so no model is built (real traces
+    # had such cases run their whole time limit and 1.8 GB); skip_proven=False still runs the backend
+    res = solve(UNIT_PAIR, "mean_latency", "highs", 30)
+    assert res.status == "optimal" and res.success and res.objective == res.lower_bound == res.analytic_bound
+    assert "meets the analytic bound" in res.backend_stats["skipped"] and res.build_seconds == 0
+    assert res.objective == brute_force(UNIT_PAIR, "mean_latency").value
+    forced = solve(UNIT_PAIR, "mean_latency", "highs", 30, skip_proven=False)
+    assert forced.status == "optimal" and "skipped" not in forced.backend_stats and forced.build_seconds > 0
+    # a case a heuristic does not prove still builds its model
+    assert "skipped" not in solve(FIG15_O2, "mean_latency", "highs", 30).backend_stats

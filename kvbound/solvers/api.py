@@ -214,9 +214,10 @@ def heuristic_candidates(instance: Instance, names, constraints: Constraints, de
 def solve(instance: Instance, objective: str = "total_latency", backend: str = "highs", time_limit: float = DEFAULT_TIME_LIMIT,
           warm_start=FAST_HEURISTICS, formulation: str = "auto", constraints: Constraints = Constraints(),
           horizon: int | None = None, verbose: bool = False, export: str | None = None, *,
-          deadline: Deadline | None = None) -> Result:
+          skip_proven: bool = True, deadline: Deadline | None = None) -> Result:
     """`solve_with` for callers that name the options one by one (a notebook, a test)."""
-    options = SolveOptions(objective, backend, formulation, time_limit, warm_start, horizon, constraints, verbose, export)
+    options = SolveOptions(objective, backend, formulation, time_limit, warm_start, horizon, constraints, verbose, export,
+                           skip_proven)
     return solve_with(instance, options, deadline)
 
 
@@ -254,7 +255,13 @@ def solve_with(instance: Instance, options: SolveOptions, deadline: Deadline | N
     size = kind.size(instance, J)
     cap = constraints.objective_cap
     warm_name, build_seconds, form, scale = None, 0.0, None, 1.0
-    if size > MODEL_LIMIT and not options.export:
+    proven = ub is not None and cap is None and ub - analytic <= REL_TOL * max(abs(ub), 1e-12)
+    if proven and options.skip_proven and not options.export:
+        # a heuristic schedule meets a certified analytic bound (valid under any constraints): it is
+        # optimal, and a model could add nothing but time and memory
+        out = BackendOutcome("unknown", None, None, -math.inf, 0.0, None,
+                             {"skipped": "the best heuristic schedule meets the analytic bound: optimal without a model"})
+    elif size > MODEL_LIMIT and not options.export:
         # no solver could take it here: the best heuristic schedule and the analytic bounds stand
         out = BackendOutcome("unknown", None, None, -math.inf, 0.0, None,
                              {"skipped": f"the {kind.name} model would have ~{size:,} variables (limit {MODEL_LIMIT:,})"})

@@ -22,6 +22,9 @@ class SolveOptions:
     constraints: Constraints = Constraints()
     verbose: bool = False  # the backend's own log, on stderr
     export: str | None = None  # write the model here (.mps or .lp)
+    # a heuristic schedule that meets the analytic bound is optimal: return it without building a
+    # model (False: solve anyway, e.g. to test or time a backend on such a case)
+    skip_proven: bool = True
 
     def __post_init__(self):
         object.__setattr__(self, "objective", Objective.parse(self.objective))
