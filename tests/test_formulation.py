@@ -414,3 +414,14 @@ def test_release_bound_counts_the_batches_of_a_late_burst():
     # offline, the release bound is the batch bound itself: it is not listed
     offline = Instance(tuple(Request(r.prompt, r.output) for r in reqs), inst.system, inst.cost)
     assert len(analytic_bounds(offline, "total_latency")) == 2
+
+
+def test_completion_order_bound_counts_a_late_burst_from_its_arrival():
+    # the same late burst, mean latency: r0 done at 1 s, the burst at 11, 12, 13 s; latencies 1, 1, 2, 3.
+    # From t = 0 the shares put the burst's completions at 2-4 s (below its arrival); from t = 10
+    # they give 11, 12, 13 s, and the bound is the optimum
+    reqs = (Request(1, 1),) + (Request(4, 1, 10.0),) * 3
+    inst = Instance(reqs, SystemConfig(4, 64, 64, 1), CostModel(intercept=1.0))
+    opt = brute_force(inst, "mean_latency").value
+    assert opt == pytest.approx(1.75)
+    assert max(b.value for b in analytic_bounds(inst, "mean_latency")) == pytest.approx(opt)

@@ -176,6 +176,18 @@ def release_bound(instance: Instance) -> tuple[float, float]:
     return float(values[best]), float(arrivals[best])
 
 
+#: the arrival times the release-aware bounds start from: all distinct ones up to this many, else quantiles
+RELEASE_TIMES = 64
+
+
+def release_times(arrivals: np.ndarray) -> np.ndarray:
+    """Distinct arrival times to start release-aware bounds from (the earliest always included)."""
+    times = np.unique(arrivals)
+    if len(times) > RELEASE_TIMES:
+        times = np.unique(np.quantile(times, np.linspace(0.0, 1.0, RELEASE_TIMES), method="lower"))
+    return times
+
+
 def completion_order_bounds(instance: Instance, first_token: bool = False, steps: int = 11) -> np.ndarray:
     """Lower bounds on the k-th smallest completion (first-token) time, k = 1..N.
 
@@ -188,6 +200,11 @@ def completion_order_bounds(instance: Instance, first_token: bool = False, steps
     value over k-sets is the sum of the k smallest per-request values. The k-th smallest of the
     per-request bounds (arrival + own minimal time) is a bound too, and so is the batch count of
     the longest of the k requests run alone plus their work; the largest one counts.
+
+    With arrivals the same holds from every arrival time t (`release_times`): of the k requests
+    done first, at least k - (the number arriving before t) arrive at t or later, and they are
+    served in batches that start at t or later, so the k-th completion is at least t plus the sum
+    of that many smallest shares among the requests arriving from t.
     """
     s, cost = instance.system, instance.cost
     reqs = instance.requests
@@ -207,10 +224,16 @@ def completion_order_bounds(instance: Instance, first_token: bool = False, steps
     kv_shares = [np.bincount(owner, items / s.kv_capacity, len(reqs))]
     kv_shares += [np.bincount(owner, dual_feasible_weights(items, s.kv_capacity, k), len(reqs))
                   for k in range(1, DFF_FUNCTIONS + 1)]
-    for kv_share in kv_shares:
-        for lam in np.linspace(0.0, 1.0, steps):
-            share = cost.intercept * (lam * kv_share + (1 - lam) * tokens / capacity_tokens) + work
-            best = np.maximum(best, np.cumsum(np.sort(share)))
+    arrivals = instance.arrivals
+    for t in release_times(arrivals):
+        # of the k requests done first, at least k - (those arriving before t) arrive at t or later
+        # and are served in batches that start at t or later
+        late = arrivals >= t
+        before = len(reqs) - int(late.sum())
+        for kv_share in kv_shares:
+            for lam in np.linspace(0.0, 1.0, steps):
+                share = cost.intercept * (lam * kv_share[late] + (1 - lam) * tokens[late] / capacity_tokens) + work[late]
+                best[before:] = np.maximum(best[before:], t + np.cumsum(np.sort(share)))
     # the k requests done first have also run, between them, as many batches as the longest of them
     # needs alone (b_i): at least min over B of k0 B + the k smallest works among requests with b_i <= B
     P = min(s.max_prefill_tokens, s.max_batch_tokens)
