@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
 
@@ -98,8 +99,6 @@ def check_in_path(path: str | Path, limit: int = MAX_INPUT_BYTES, what: str = "f
         st = path.stat()
     except OSError as exc:
         raise InputError(source, "", f"cannot read {what}: {exc.strerror or exc}") from None
-    import stat
-
     if stat.S_ISDIR(st.st_mode):
         raise InputError(source, "", f"cannot read {what}: is a folder")
     if not stat.S_ISREG(st.st_mode):

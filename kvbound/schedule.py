@@ -15,7 +15,7 @@ import numpy as np
 
 from .accounting import account_batch, round_to_blocks
 from .errors import InputError, KvboundError
-from .fileio import write_json_atomic
+from .fileio import read_user_text, write_json_atomic
 from .workload import Instance, Request
 
 _TIME_EPS = 1e-9
@@ -119,8 +119,6 @@ class Schedule:
     @classmethod
     def load(cls, path: str | Path) -> "Schedule":
         path = Path(path)
-        from .fileio import read_user_text
-
         try:
             data = json.loads(read_user_text(path))
         except json.JSONDecodeError as exc:

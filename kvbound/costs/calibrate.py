@@ -14,6 +14,7 @@ never take part in the choice, so their figures stay honest); `knees=()` fits no
 from __future__ import annotations
 
 import csv
+import io
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +24,7 @@ from scipy.optimize import nnls
 
 from .model import FEATURES, CostModel
 from ..errors import InputError, KvboundError
-from ..fileio import check_in_path
+from ..fileio import read_user_text
 
 #: the profile CSV's feature columns, in the order of FEATURES (the coefficient each multiplies)
 FEATURE_COLUMNS = ("batches", "tokens", "decode_kv", "prefill_attention", "prefill_kv", "prefill_requests")
@@ -64,20 +65,14 @@ class Calibration:
 def read_profile(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
     """The feature matrix [batches, 6] and measured seconds of a profile CSV."""
     source = str(path)
-    check_in_path(path)
     try:
-        with open(path, newline="", encoding="utf-8") as handle:
-            reader = csv.DictReader(handle)
-            header = reader.fieldnames or []
-            for column in (*FEATURE_COLUMNS, TIME_COLUMN):
-                if column not in header:
-                    raise InputError(source, column, f"missing column (needs {', '.join(FEATURE_COLUMNS)}, "
-                                                     f"{TIME_COLUMN})")
-            rows = list(reader)
-    except OSError as exc:
-        raise InputError(source, "", f"cannot read file: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise InputError(source, "", f"not UTF-8 text (byte {exc.start})") from None
+        reader = csv.DictReader(io.StringIO(read_user_text(path), newline=""))
+        header = reader.fieldnames or []
+        for column in (*FEATURE_COLUMNS, TIME_COLUMN):
+            if column not in header:
+                raise InputError(source, column, f"missing column (needs {', '.join(FEATURE_COLUMNS)}, "
+                                                 f"{TIME_COLUMN})")
+        rows = list(reader)
     except csv.Error as exc:
         raise InputError(source, "", f"malformed CSV: {exc}") from None
     data = np.empty((len(rows), len(FEATURE_COLUMNS) + 1))

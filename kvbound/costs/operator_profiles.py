@@ -10,12 +10,14 @@ finds it linear in the number of tokens with R^2 = 0.999 on the Llama-2-7B A100 
 from __future__ import annotations
 
 import csv
+import io
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import InputError
+from ..fileio import read_user_text
 
 
 @dataclass(frozen=True)
@@ -30,11 +32,7 @@ def fit_operator_profile(path: str | Path, layers: int = 32, tensor_parallel: in
     """Least-squares line time = intercept + per_token * tokens through the summed mean operator
     times of one layer x `layers`, on the rows with `tensor_parallel` workers."""
     source = str(path)
-    try:
-        with open(path, newline="", encoding="utf-8") as handle:
-            rows = list(csv.DictReader(handle))
-    except OSError as exc:
-        raise InputError(source, "", f"cannot read file: {exc.strerror or exc}") from None
+    rows = list(csv.DictReader(io.StringIO(read_user_text(path), newline="")))
     if not rows:
         raise InputError(source, "", "no data rows")
     mean_cols = [c for c in rows[0] if c.startswith("time_stats.") and c.endswith(".mean")]
