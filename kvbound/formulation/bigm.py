@@ -154,9 +154,8 @@ def build_bigm(instance: Instance, objective: str = "total_latency", horizon: in
         terms.append((omega.transpose(1, 0, 2), -c_att * pw))
     terms += [(cols, -coefs) for cols, coefs in clock.kink_time_terms()]
     md.add_rows("batch_time[j]", J, terms, 0, 0)
-    if clock.above is not None:  # tokens above each knee >= the batch's tokens - knee
-        md.add_rows("tokens_above_knee[j,k]", clock.above.shape, [(clock.above, 1), (c.T[:, None, :], -1)],
-                    lo=-clock.knees[None, :])
+    for j in range(J):  # tokens above each knee >= the batch's tokens - knee (no rows without knees)
+        clock.link_kinks(md, j, [(c[:, j], np.ones(N))])
 
     # ---- arrivals (the shared clock has t_j = t_{j-1} + T_{j-1} + idle_j): a request runs only from its arrival
     if online:
