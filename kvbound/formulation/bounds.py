@@ -108,13 +108,19 @@ def kv_items(instance: Instance, first_token: bool = False) -> tuple[np.ndarray,
     return np.array(items, dtype=np.int64), np.repeat(np.arange(len(count)), count)
 
 
+def kv_weights(instance: Instance, first_token: bool = False) -> np.ndarray:
+    """Per request (rows) the weights of its KV items (`kv_items`) under each dual-feasible function
+    u^(k), k = 1..DFF_FUNCTIONS (columns): whatever shares one batch weighs at most 1 in every column."""
+    items, owner = kv_items(instance, first_token)
+    M, n = instance.system.kv_capacity, len(instance)
+    return np.stack([np.bincount(owner, dual_feasible_weights(items, M, k), n) for k in range(1, DFF_FUNCTIONS + 1)],
+                    axis=1)
+
+
 def dff_batches(instance: Instance) -> int:
     """Batches needed by the KV items (`kv_items`; one per request and batch): max over k of
     sum u^(k)(item / M), rounded up."""
-    items, _ = kv_items(instance)
-    M = instance.system.kv_capacity
-    best = max(dual_feasible_weights(items, M, k).sum() for k in range(1, DFF_FUNCTIONS + 1))
-    return math.ceil(best - 1e-9)
+    return math.ceil(kv_weights(instance).sum(axis=0).max() - 1e-9)
 
 
 def analytic_bounds(instance: Instance, objective: str) -> list[Bound]:
@@ -161,10 +167,7 @@ def release_bound(instance: Instance) -> tuple[float, float]:
     def suffix(values) -> np.ndarray:  # sums over the requests from each position of `order` on
         return np.cumsum(np.asarray(values, dtype=float)[order][::-1], axis=0)[::-1]
 
-    items, owner = kv_items(instance)
-    per_request = np.stack([np.bincount(owner, dual_feasible_weights(items, s.kv_capacity, k), len(reqs))
-                            for k in range(1, DFF_FUNCTIONS + 1)], axis=1)
-    by_dff = np.ceil(suffix(per_request).max(axis=1) - 1e-9)
+    by_dff = np.ceil(suffix(kv_weights(instance)).max(axis=1) - 1e-9)
     by_output = np.maximum.accumulate(np.array([r.output for r in reqs])[order][::-1])[::-1]
     by_tokens = np.ceil(suffix([r.peak_kv for r in reqs]) / s.max_batch_tokens)
     by_prefill = np.ceil(suffix([r.prompt for r in reqs]) / s.max_prefill_tokens)
@@ -221,9 +224,7 @@ def completion_order_bounds(instance: Instance, first_token: bool = False, steps
     # a request's share of the KV capacity: its area (the sum of its items) / M, or the items'
     # dual-feasible weights
     items, owner = kv_items(instance, first_token)
-    kv_shares = [np.bincount(owner, items / s.kv_capacity, len(reqs))]
-    kv_shares += [np.bincount(owner, dual_feasible_weights(items, s.kv_capacity, k), len(reqs))
-                  for k in range(1, DFF_FUNCTIONS + 1)]
+    kv_shares = [np.bincount(owner, items / s.kv_capacity, len(reqs)), *kv_weights(instance, first_token).T]
     arrivals = instance.arrivals
     for t in release_times(arrivals):
         # of the k requests done first, at least k - (those arriving before t) arrive at t or later
