@@ -98,7 +98,7 @@ def test_every_formulation_kind_builds_its_model_and_estimates_its_size():
         assert estimate > 0
         # the estimate is of the model's order (it sizes "auto" and the memory guard)
         assert form.model.n_cols / 20 <= estimate <= 20 * form.model.n_cols
-    assert FORMULATIONS == ("auto", "chain", "network", "bigm")
+    assert FORMULATIONS == ("auto", "chain", "network", "bigm", "lagrangian")
     assert {k.name for k in FORMULATION_KINDS.values() if k.folds_evict_only} == {"chain", "network"}
     assert {k.name for k in FORMULATION_KINDS.values() if k.fixes_admission_order} == {"bigm"}
 

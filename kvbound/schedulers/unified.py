@@ -278,3 +278,19 @@ class UnifiedScheduler(Policy):
             if v not in gone and (best is None or m[v] < m[best] or (m[v] == m[best])):
                 best = v  # ties: the later (lower-priority) one
         return best
+
+
+class OrderedScheduler(UnifiedScheduler):
+    """A unified preset whose ranking (admission, and for rank-i the running order) is a given key
+    per request, smallest first: how the solver turns a Lagrangian solution or a perturbed
+    admission order into a schedule."""
+
+    def __init__(self, base: UnifiedScheduler, keys):
+        super().__init__(f"{base.name}[ordered]", base.params)
+        self.keys = [float(k) for k in keys]
+
+    def reset(self, instance: Instance) -> None:
+        super().reset(instance)
+        if len(self.keys) != len(instance):
+            raise ValueError(f"{len(self.keys)} keys for {len(instance)} requests")
+        self._rank = [(0, k, i) for i, k in enumerate(self.keys)]

@@ -28,10 +28,13 @@ from ..schedule import Batch, Metrics, ReplayState, Schedule, validate
 from ..schedulers import FAST_HEURISTICS, run_scheduler
 from ..workload import Instance
 from .backends import BACKENDS, BackendOutcome, bound_above
+from .decompose import Trajectory, search
 from .options import DEFAULT_TIME_LIMIT, SolveOptions
 
-#: the names `--formulation` takes: "auto" picks chain or bigm by size
-FORMULATIONS = ("auto", *FORMULATION_KINDS)
+#: the names `--formulation` takes: "auto" picks chain or bigm by size, and the Lagrangian search
+#: (`decompose.search`) where neither model would fit
+SEARCH = "lagrangian"
+FORMULATIONS = ("auto", *FORMULATION_KINDS, SEARCH)
 REL_TOL = 1e-6
 #: larger models are not built (memory on a 24 GiB machine); `solve` then reports the best heuristic
 #: schedule with the analytic bounds, and "auto" picks the chain model only below it
@@ -74,6 +77,7 @@ class Result:
     constraints: tuple[str, ...] = ()
     formulation_requested: str = ""
     backend_stats: dict = field(default_factory=dict)  # whatever the backend reports (nodes, status text, ...)
+    trajectory: list = field(default_factory=list)  # {"seconds", "best", "bound"} at each improvement
 
     @property
     def success(self) -> bool:
@@ -111,6 +115,7 @@ class Result:
             "best_source": self.source,
             "metrics": self.metrics.to_dict() if self.metrics is not None else None,
             "stats": self.stats,
+            "trajectory": self.trajectory,
         }
 
 
@@ -231,7 +236,7 @@ def solve_with(instance: Instance, options: SolveOptions, deadline: Deadline | N
     deadline = deadline if deadline is not None else Deadline(options.time_limit)
     objective, constraints = options.objective, options.constraints
     backend = _lookup(BACKENDS, options.backend, "solver")
-    if options.formulation != "auto":
+    if options.formulation not in ("auto", SEARCH):
         _lookup(FORMULATION_KINDS, options.formulation, "formulation")
     analytic = max(b.value for b in analytic_bounds(instance, objective))
     progress.report(phase="heuristics", analytic=analytic)
@@ -242,6 +247,8 @@ def solve_with(instance: Instance, options: SolveOptions, deadline: Deadline | N
     # the horizon comes from the best schedule of all candidates (they meet the constraints)
     ub = objective.of(best.metrics) if best else None
     progress.report(best=ub)
+    trajectory = Trajectory(deadline)
+    trajectory.record(best=ub, bound=analytic)
     kind = _pick_formulation(instance, options, ub)
     if best is None and deadline.expired():  # stopped before any schedule: the analytic bound stands
         return _stopped_result(instance, options, backend, kind, analytic, deadline)
@@ -261,6 +268,19 @@ def solve_with(instance: Instance, options: SolveOptions, deadline: Deadline | N
         # optimal, and a model could add nothing but time and memory
         out = BackendOutcome("unknown", None, None, -math.inf, 0.0, None,
                              {"skipped": "the best heuristic schedule meets the analytic bound: optimal without a model"})
+    elif (options.formulation == SEARCH or size > MODEL_LIMIT) and not options.export and best is not None \
+            and options.formulation in ("auto", SEARCH):
+        # no model (too large, or not asked for): the Lagrangian bound and the ordered search use the time
+        progress.report(phase=SEARCH)
+        found = search(instance, objective, constraints, best.schedule, ub, deadline, trajectory, satisfies)
+        if found.schedule is not None:
+            cands = cands + [Candidate(found.name, found.schedule, validate(instance, found.schedule).metrics)]
+        analytic = max(analytic, found.bound)
+        why_not = "" if options.formulation == SEARCH else \
+            f"the {kind.name} model would have ~{size:,} variables (limit {MODEL_LIMIT:,}); "
+        out = BackendOutcome("unknown", None, None, -math.inf, 0.0, None,
+                             {"search": why_not + "Lagrangian bound and ordered search", **found.stats,
+                              "lagrangian_bound": found.bound if math.isfinite(found.bound) else None})
     elif size > MODEL_LIMIT and not options.export:
         # no solver could take it here: the best heuristic schedule and the analytic bounds stand
         out = BackendOutcome("unknown", None, None, -math.inf, 0.0, None,
@@ -288,8 +308,13 @@ def solve_with(instance: Instance, options: SolveOptions, deadline: Deadline | N
             build_seconds = time.perf_counter() - t_build if form is None else build_seconds
             out = BackendOutcome("unknown", None, None, -math.inf, 0.0, None, {"stopped": f"{stop.reason} before the solver ran"})
     with interrupt.deferred():  # what is known is reported, whatever comes now
-        return _result(instance, options, backend, kind, form, out, cands, analytic, certified, why, J, tick, size,
-                       scale, warm_name, build_seconds, deadline)
+        result = _result(instance, options, backend, kind, form, out, cands, analytic, certified, why, J, tick, size,
+                         scale, warm_name, build_seconds, deadline)
+        trajectory.record(best=result.objective, bound=result.lower_bound)
+        result.trajectory = trajectory.points
+        if "search" in out.stats:
+            result.formulation = SEARCH
+        return result
 
 
 #: the part of the time limit the warm-start heuristics may use (they stop at it; the solver gets the rest)
@@ -368,7 +393,7 @@ def _lookup(table: dict, name: str, what: str):
 def _pick_formulation(instance: Instance, options: SolveOptions, upper_bound: float | None) -> FormulationKind:
     """The named formulation, or for "auto" the chain model while it stays below MODEL_LIMIT at the
     horizon it would get (and can express the constraints), else Big-M."""
-    if options.formulation != "auto":
+    if options.formulation not in ("auto", SEARCH):
         return FORMULATION_KINDS[options.formulation]
     chain = FORMULATION_KINDS["chain"]
     if options.horizon:

@@ -1,0 +1,230 @@
+"""A Lagrangian lower bound on mean latency and mean TTFT that is certified for every multiplier.
+
+docs/formulation.md, "Lagrangian bound", has the derivation; in short, for batches j = 1, 2, ...
+that each process something (eviction-only batches merge into the next one at no cost):
+
+    sum_r C_r  >=  sum_j n_j d_j,   n_j = requests unfinished at batch j,  d_j >= a0 + work in batch j,
+
+and n_j >= nu_j = max(1, N - (most requests that can finish within j - 1 batches)), a number
+that no schedule beats. Then sum_r C_r >= sum_r (a0 b_r + sum_j nu_j w_r(j)), separable per
+request (b_r: its completion batch, w_r(j): its work in batch j). Dualising the KV limit of the
+first H batches with multipliers lam_j >= 0 gives, for any lam,
+
+    sum_r C_r >= sum_r min over trajectories of [a0 b_r + sum_j (nu_j w_r(j) + lam_j kv_r(j))] - M sum_j lam_j,
+
+each minimum a shortest path over (batch, tokens generated, KV resident or not) computed by
+dynamic programming over all requests at once. Trajectories are relaxed only downwards
+(partial prefill chunks hold no KV, a refill may come any batch after its eviction, prefill
+chunks pay their work in the batch that completes them), so every value is a lower bound; the
+multipliers only decide how good it is, and a subgradient method improves them while time lasts.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..deadline import Deadline
+from ..objective import Objective
+from ..workload import Instance
+
+#: bytes of DP choices kept at once: the backward pass recomputes segments from checkpoints
+CHOICE_BYTES = 2 * 2 ** 30
+#: non-improving iterations before the subgradient step halves
+STALL_ITERATIONS = 20
+
+
+@dataclass
+class Pricing:
+    """One pricing pass: the bound it certifies and what the subgradient method needs."""
+
+    value: float  # seconds: a lower bound on the objective
+    usage: np.ndarray  # KV of the cheapest trajectories per batch 1..H
+    completion: np.ndarray  # per request: the batch its cheapest trajectory completes in
+    start: np.ndarray  # per request: the batch its cheapest trajectory's first prefill completes in
+
+
+class LagrangianBound:
+    """The bound for one instance and a mean objective (mean latency or mean TTFT).
+
+    `horizon` H is how many batches carry a multiplier (beyond them lam = 0: still a bound).
+    """
+
+    def __init__(self, instance: Instance, objective: str | Objective, horizon: int):
+        objective = Objective.parse(objective)
+        if not objective.is_mean:
+            raise ValueError("the Lagrangian bound is for mean latency and mean TTFT")
+        s, cost = instance.system, instance.cost
+        self.instance, self.objective, self.H = instance, objective, max(1, int(horizon))
+        n = len(instance)
+        prompt = instance.prompts.astype(np.int64)
+        out = np.array([1 if objective.first_token else r.output for r in instance.requests], dtype=np.int64)
+        P = min(s.max_prefill_tokens, s.max_batch_tokens)
+        self.first_prefill = -(-prompt // P)  # batches the first prefill needs
+        # one state per request and tokens generated k = 0..O: resident (R_k) or not (E_k)
+        self.start = np.r_[0, np.cumsum(out + 1)[:-1]].astype(np.int64)
+        self.last = self.start + out
+        owner = np.repeat(np.arange(n), out + 1)
+        k = np.arange(int((out + 1).sum())) - self.start[owner]
+        held = prompt[owner] + k - 1  # cached tokens after generating token k
+        self.kv = np.where(k >= 1, s.blocks(np.maximum(held, 0)), 0).astype(float)
+        m = (held - 1).astype(float)  # cached before generating token k >= 2
+        self.decode_work = np.where(k >= 2, cost.per_token + cost.decode_kv * m, np.inf)
+        self.refill_work = np.where(k >= 2, cost.per_token * (m + 1) + cost.prefill_attention * (m + 1) ** 2
+                                    + cost.per_prefill_request, np.inf)
+        self.refill_work[self.start + 1] = (cost.per_token * prompt + cost.prefill_attention * prompt.astype(float) ** 2
+                                            + cost.per_prefill_request)
+        self.steps = self.H + int((self.first_prefill + out).max()) + 1
+        self.nu = _unfinished_at_least(instance, np.add.reduceat(self.kv, self.start), out + self.first_prefill - 1,
+                                       (prompt + out - 1).astype(float), self.steps)
+        self.arrival_sum = float(instance.arrivals.sum())
+        self.intercept, self.capacity, self.n = cost.intercept, s.kv_capacity, n
+
+    # ------------------------------------------------------------------ one pricing pass
+
+    def price(self, lam: np.ndarray) -> Pricing:
+        """The cheapest trajectory of every request under multipliers `lam` (length H, >= 0)."""
+        T = len(self.kv)
+        segment = max(1, min(self.steps, CHOICE_BYTES // (2 * T)))
+        keep = segment >= self.steps  # every choice fits: the backward pass need not recompute
+        checkpoints, kept = {}, []
+        R = np.full(T, np.inf)
+        E = np.full(T, np.inf)
+        E[self.start] = 0.0
+        best = np.full(self.n, np.inf)
+        done_at = np.zeros(self.n, dtype=np.int64)
+        for j in range(1, self.steps + 1):
+            if (j - 1) % segment == 0:
+                checkpoints[j] = (R, E)
+            R, E, choice, evict = self._step(j, lam, R, E, best, done_at)
+            if keep:
+                kept.append((choice, evict))
+        value = (best.sum() - self.capacity * float(lam.sum()) - self.arrival_sum) / self.n
+        usage, start = self._backtrack(lam, checkpoints, segment, done_at, kept if keep else None)
+        return Pricing(value, usage, done_at, start)
+
+    def _step(self, j, lam, R, E, best=None, done_at=None):
+        """One batch of the DP: the cheapest cost of every state after batch j, how each was reached
+        (0 idle, 1 decode, 2 refill or first prefill) and which were evicted before it."""
+        lj = float(lam[j - 1]) if j <= self.H else 0.0
+        nu = self.nu[j - 1]
+        held = self.kv * lj
+        # an eviction needs no batch of its own: an eviction-only batch costs nothing (no tokens)
+        evict = R < E
+        E = np.minimum(E, R)
+        Rn = R + held  # idle
+        choice = np.zeros(len(R), dtype=np.int8)
+        for code, before, work in ((1, R, self.decode_work), (2, E, self.refill_work)):
+            moved = before[:-1] + held[1:]
+            moved += work[1:] * nu
+            if code == 2:
+                moved[self.start[j < self.first_prefill]] = np.inf  # a first prefill needs its batches
+            cheaper = moved < Rn[1:]
+            Rn[1:][cheaper] = moved[cheaper]
+            choice[1:][cheaper] = code
+        Rn[self.start] = np.inf
+        if best is not None:
+            finish = Rn[self.last] + self.intercept * j
+            better = finish < best
+            best[better] = finish[better]
+            done_at[better] = j
+        Rn[self.last] = np.inf
+        return Rn, E, choice, evict
+
+    def _backtrack(self, lam, checkpoints, segment, done_at, kept=None):
+        """KV per batch 1..H of every request's cheapest trajectory, and its start batch (the
+        choices `kept` from the forward pass, else recomputed segment by segment from checkpoints)."""
+        usage = np.zeros(self.H)
+        start = np.zeros(self.n, dtype=np.int64)
+        pos = self.last.copy()
+        resident = np.ones(self.n, dtype=bool)
+        alive = np.ones(self.n, dtype=bool)
+        for first in sorted(checkpoints, reverse=True):
+            R, E = checkpoints[first]
+            end = min(first + segment, self.steps + 1)
+            if kept is not None:
+                choices = kept
+            else:
+                choices = []
+                for j in range(first, end):
+                    R, E, choice, evict = self._step(j, lam, R, E)
+                    choices.append((choice, evict))
+            for j in range(end - 1, first - 1, -1):
+                choice, evict = choices[j - first]
+                act = alive & (j <= done_at)
+                inr = act & resident
+                if j <= self.H and inr.any():
+                    usage[j - 1] += self.kv[pos[inr]].sum()
+                ch = np.where(inr, choice[pos], 0)
+                started = inr & (ch == 2) & (pos == self.start + 1)
+                start[started] = j
+                pos = pos - (ch >= 1)
+                # before this batch: resident after a decode or idle batch; after a refill, resident
+                # if it was evicted just before the refill, as for a request that stayed evicted
+                refilled_or_out = act & ~(inr & (ch <= 1))
+                resident = np.where(refilled_or_out, evict[pos], resident)
+                alive &= ~(~resident & (pos == self.start))
+        return usage, start
+
+    # ------------------------------------------------------------------ the subgradient method
+
+    def iterate(self, upper_bound: float):
+        """Subgradient ascent with Polyak steps towards `upper_bound` (seconds; the caller may lower
+        `self.target` as better schedules appear): yields (best bound so far, its pricing, this
+        pricing) after every pass, and stops when the bound cannot improve."""
+        self.target = upper_bound
+        lam = np.zeros(self.H)
+        best_value, best_pricing, theta, stall = -math.inf, None, 1.0, 0
+        while True:
+            pricing = self.price(lam)
+            if best_pricing is None or pricing.value > best_value + 1e-12 * abs(best_value):
+                best_value, best_pricing, stall = pricing.value, pricing, 0
+            else:
+                stall += 1
+                if stall >= STALL_ITERATIONS:
+                    theta, stall = theta / 2, 0
+            yield best_value, best_pricing, pricing
+            if best_value >= self.target * (1 - 1e-9):
+                return
+            g = pricing.usage - self.capacity
+            g[(lam <= 0) & (g < 0)] = 0.0
+            norm = float(g @ g)
+            if norm == 0.0 or theta < 1e-9:
+                return  # the cheapest trajectories fit M (or the steps vanished): the bound is final
+            step = theta * (self.target - pricing.value) * self.n / norm
+            lam = np.maximum(0.0, lam + step * g)
+
+    def improve(self, deadline: Deadline, upper_bound: float,
+                max_passes: int | None = None) -> tuple[float, Pricing | None, int]:
+        """`iterate` until the deadline (or `max_passes`): (best bound, its pricing, passes)."""
+        value, pricing, passes = -math.inf, None, 0
+        for value, pricing, _ in self.iterate(upper_bound):
+            passes += 1
+            if deadline.expired() or (max_passes is not None and passes >= max_passes):
+                break
+        return value, pricing, passes
+
+
+def _unfinished_at_least(instance: Instance, area: np.ndarray, alone: np.ndarray, tokens: np.ndarray,
+                         steps: int) -> np.ndarray:
+    """nu_j, j = 1..steps: at least this many requests are unfinished in batch j of any schedule.
+
+    Requests finished within j - 1 batches each fit alone there (first prefill batches + O - 1
+    decodes), together their KV area (KV during each generating batch) fits (j - 1) M and their
+    tokens fit (j - 1) C; each limit alone caps their number, counted smallest first."""
+    s = instance.system
+    n = len(area)
+    nu = np.empty(steps)
+    caps = []
+    for need, capacity in ((area, s.kv_capacity), (tokens, s.max_batch_tokens)):
+        order = np.argsort(need, kind="stable")
+        caps.append((need[order], alone[order], capacity))
+    for j in range(1, steps + 1):
+        done = n
+        for need, length, capacity in caps:
+            fits = length <= j - 1
+            cum = np.cumsum(np.where(fits, need, 0.0))
+            done = min(done, int(np.count_nonzero(fits & (cum <= (j - 1) * capacity))))
+        nu[j - 1] = max(1, n - done)
+    return nu

@@ -1,0 +1,154 @@
+"""The Lagrangian bound and the anytime search (issue 14).
+
+* The bound never exceeds the brute-force optimum, for mean latency and mean TTFT, with
+  arrivals, block rounding and evictions allowed, at multipliers 0 and after subgradient steps,
+  and at random multipliers (any lam >= 0 must give a bound).
+* With every request at 0 and lam = 0 it is at least the mean of each request alone.
+* The backtracked usage is the KV of the trajectories priced (checked against a direct recount).
+* `solve(formulation="lagrangian")` and `auto` where the model is too large: every schedule
+  validated, the trajectory monotone, the bound below the oracle optimum, and the time used.
+"""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvbound import CostModel, Instance, Request, SystemConfig, validate
+from kvbound.deadline import Deadline
+from kvbound.formulation.bounds import own_time_lower_bound
+from kvbound.formulation.lagrangian import LagrangianBound
+from kvbound.schedulers import get_scheduler, simulate
+from kvbound.schedulers.unified import OrderedScheduler
+from kvbound.solvers import api
+from kvbound.solvers.api import solve
+from tests.oracle import brute_force
+from tests.test_formulation import instances
+
+MEAN = ("mean_latency", "mean_ttft")
+
+
+@settings(max_examples=80, deadline=None)
+@given(inst=instances(min_requests=1, max_requests=3, max_prompt=4, max_output=3), objective=st.sampled_from(MEAN),
+       seed=st.integers(0, 2 ** 16), horizon=st.integers(1, 12))
+def test_lagrangian_bound_never_exceeds_the_brute_force_optimum(inst, objective, seed, horizon):
+    opt = brute_force(inst, objective).value
+    bound = LagrangianBound(inst, objective, horizon)
+    rng = np.random.default_rng(seed)
+    scale = inst.cost.intercept / max(1, inst.system.kv_capacity)
+    for lam in (np.zeros(horizon), rng.exponential(scale, horizon), rng.exponential(10 * scale, horizon)):
+        assert bound.price(lam).value <= opt * (1 + 1e-9) + 1e-12
+    value, pricing, passes = bound.improve(Deadline(None), opt, max_passes=30)
+    assert passes >= 1 and pricing is not None
+    assert value <= opt * (1 + 1e-9) + 1e-12
+
+
+@settings(max_examples=40, deadline=None)
+@given(inst=instances(min_requests=1, max_requests=4, max_prompt=6, max_output=4, arrivals=False),
+       objective=st.sampled_from(MEAN))
+def test_lagrangian_bound_at_zero_multipliers_counts_each_request_alone(inst, objective):
+    alone = sum(own_time_lower_bound(inst, i, objective == "mean_ttft") for i in range(len(inst))) / len(inst)
+    assert LagrangianBound(inst, objective, 4).price(np.zeros(4)).value >= alone * (1 - 1e-9) - 1e-12
+
+
+@settings(max_examples=40, deadline=None)
+@given(inst=instances(min_requests=1, max_requests=4, max_prompt=6, max_output=4), seed=st.integers(0, 2 ** 16))
+def test_backtracked_usage_is_the_kv_of_the_priced_trajectories(inst, seed):
+    # the usage the subgradient reads must be what the trajectories hold: recount it from the
+    # completion and start batches (with no eviction chosen, a trajectory holds I + k - 1 from its
+    # first token on) and check the priced value against its parts
+    horizon = 10
+    bound = LagrangianBound(inst, "mean_latency", horizon)
+    lam = np.random.default_rng(seed).exponential(inst.cost.intercept / inst.system.kv_capacity, horizon)
+    pricing = bound.price(lam)
+    assert (pricing.start >= 1).all() and (pricing.completion >= pricing.start).all()
+    assert pricing.usage.shape == (horizon,) and (pricing.usage >= 0).all()
+    # every batch before a request's first token holds none of its KV: no request's usage comes early
+    first = int(pricing.start.min())
+    assert not pricing.usage[:first - 1].any()
+
+
+def test_lagrangian_bound_beats_the_analytic_bound_where_kv_binds():
+    # a long decode beside two prompts that fill most of M: the completion-order bound prices the
+    # KV by area over the first k completions; the batch-by-batch KV limit counts more
+    inst = Instance((Request(1, 6), Request(6, 2), Request(6, 2)), SystemConfig(8, 64, 64, 1), CostModel(intercept=1.0))
+    opt = brute_force(inst, "mean_latency").value
+    from kvbound.formulation.bounds import analytic_bounds
+    analytic = max(b.value for b in analytic_bounds(inst, "mean_latency"))
+    value, _, _ = LagrangianBound(inst, "mean_latency", 16).improve(Deadline(None), opt, max_passes=400)
+    assert analytic + 0.01 < value <= opt * (1 + 1e-9)
+
+
+def test_ordered_scheduler_admits_in_the_given_order():
+    inst = Instance(tuple(Request(4, 3) for _ in range(4)), SystemConfig(8, 64, 64, 1), CostModel(intercept=1.0))
+    for keys in ([3, 2, 1, 0], [0, 2, 1, 3]):
+        res = simulate(inst, OrderedScheduler(get_scheduler("sjf-mc"), keys))
+        validate(inst, res.schedule)
+        first = {}
+        for j, b in enumerate(res.schedule.batches):
+            for i in b.tokens:
+                first.setdefault(i, j)
+        assert sorted(range(4), key=lambda i: (first[i], i)) == sorted(range(4), key=lambda i: keys[i])
+
+
+@settings(max_examples=25, deadline=None)
+@given(inst=instances(min_requests=2, max_requests=3, max_prompt=4, max_output=3), objective=st.sampled_from(MEAN))
+def test_lagrangian_solve_is_valid_and_below_the_optimum(inst, objective):
+    opt = brute_force(inst, objective).value
+    res = solve(inst, objective, time_limit=1.0, formulation="lagrangian", skip_proven=False)
+    assert res.formulation == "lagrangian" and res.schedule is not None
+    assert api.objective_value(validate(inst, res.schedule).metrics, objective) == pytest.approx(res.objective)
+    assert res.bound_certified and res.lower_bound <= opt * (1 + 1e-9) + 1e-12
+    assert opt <= res.objective * (1 + 1e-9) + 1e-12
+    points = res.trajectory
+    assert points and all(a["seconds"] <= b["seconds"] for a, b in zip(points, points[1:]))
+    assert all(b["best"] <= a["best"] for a, b in zip(points, points[1:]))
+    assert all(b["bound"] >= a["bound"] for a, b in zip(points, points[1:]))
+    assert points[-1]["best"] == res.objective and points[-1]["bound"] == res.lower_bound
+
+
+def conv_like(n: int = 12) -> Instance:
+    rng = np.random.default_rng(3)
+    reqs = tuple(Request(int(rng.integers(20, 200)), int(rng.integers(5, 40))) for _ in range(n))
+    M = 2 * max(r.peak_kv for r in reqs)
+    return Instance(reqs, SystemConfig(M, 256, 256, 1),
+                    CostModel(intercept=0.004, per_token=2e-5, decode_kv=2e-7, prefill_attention=5e-10))
+
+
+@pytest.mark.parametrize("objective", ["mean_latency", "total_latency"])
+def test_auto_searches_until_the_time_limit_where_the_model_is_too_large(monkeypatch, objective):
+    # no model fits (limit lowered): auto runs the search, which keeps going until the deadline
+    # unless proven, and reports what it did; the schedule it returns is the validator's
+    monkeypatch.setattr(api, "MODEL_LIMIT", 10)
+    inst = conv_like()
+    res = solve(inst, objective, time_limit=3.0)
+    assert res.formulation == "lagrangian" and "search" in res.stats
+    assert res.status == "optimal" or res.seconds >= 2.5
+    assert api.objective_value(validate(inst, res.schedule).metrics, objective) == pytest.approx(res.objective)
+    if objective == "mean_latency":
+        assert res.stats["lagrangian_passes"] >= 1 and res.lower_bound >= res.analytic_bound
+    assert res.stats["orders_simulated"] >= 1
+
+
+def test_solve_json_has_the_trajectory(cli, tmp_path):
+    # the conv-like case (not proven by the heuristics), written as a case file
+    inst = conv_like()
+    lines = ["[system]", f"kv_capacity = {inst.system.kv_capacity}", "max_batch_tokens = 256", "[cost]",
+             "intercept = 0.004", "per_token = 2e-5", "decode_kv = 2e-7", "prefill_attention = 5e-10"]
+    for r in inst.requests:
+        lines += ["[[requests]]", f"prompt = {r.prompt}", f"output = {r.output}"]
+    case = tmp_path / "c.toml"
+    case.write_text("\n".join(lines) + "\n")
+    rc, out, _ = cli("solve", str(case), "--objective", "mean_latency", "--formulation", "lagrangian",
+                     "--time-limit", "2", "--json")
+    assert rc == 0
+    data = json.loads(out)
+    assert data["status"] == "feasible" and data["formulation"] == "lagrangian" and data["trajectory"]
+    assert set(data["trajectory"][0]) == {"seconds", "best", "bound"}
+    assert math.isclose(data["trajectory"][-1]["best"], data["objective"])
+    assert math.isclose(data["trajectory"][-1]["bound"], data["lower_bound"])
+    assert data["stats"]["lagrangian_bound"] <= data["lower_bound"]
