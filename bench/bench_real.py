@@ -100,7 +100,7 @@ def run_point(case: str, objective: str, time_limit: float) -> dict:
         model = f"skipped: model too large ({stats['skipped']})"
     elif "search" in stats:
         model = (f"no model, Lagrangian search: {stats.get('lagrangian_passes', 0)} bound passes, "
-                 f"{stats.get('orders_simulated', 0)} orders simulated")
+                 f"{stats.get('patterns_simulated', 0)} admission patterns simulated")
     elif "stopped" in stats:
         model = f"stopped: {stats['stopped']}"
     else:

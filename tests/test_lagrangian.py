@@ -131,7 +131,7 @@ def test_auto_searches_until_the_time_limit_where_the_model_is_too_large(monkeyp
     assert api.objective_value(validate(inst, res.schedule).metrics, objective) == pytest.approx(res.objective)
     if objective == "mean_latency":
         assert res.stats["lagrangian_passes"] >= 1 and res.lower_bound >= res.analytic_bound
-    assert res.stats["orders_simulated"] >= 1
+    assert res.stats["patterns_simulated"] >= 1
 
 
 def test_solve_json_has_the_trajectory(cli, tmp_path):

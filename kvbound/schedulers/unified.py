@@ -282,15 +282,30 @@ class UnifiedScheduler(Policy):
 
 class OrderedScheduler(UnifiedScheduler):
     """A unified preset whose ranking (admission, and for rank-i the running order) is a given key
-    per request, smallest first: how the solver turns a Lagrangian solution or a perturbed
-    admission order into a schedule."""
+    per request, smallest first, and that admits no request before its `hold` batch (its position
+    in the schedule; none: at once) unless nothing else could run: how the solver turns a Lagrangian
+    solution or a perturbed admission pattern into a schedule."""
 
-    def __init__(self, base: UnifiedScheduler, keys):
+    def __init__(self, base: UnifiedScheduler, keys, hold=None):
         super().__init__(f"{base.name}[ordered]", base.params)
         self.keys = [float(k) for k in keys]
+        self.hold = None if hold is None else [float(h) for h in hold]
 
     def reset(self, instance: Instance) -> None:
         super().reset(instance)
-        if len(self.keys) != len(instance):
-            raise ValueError(f"{len(self.keys)} keys for {len(instance)} requests")
+        for what in (self.keys, self.hold):
+            if what is not None and len(what) != len(instance):
+                raise ValueError(f"{len(what)} keys or holds for {len(instance)} requests")
         self._rank = [(0, k, i) for i, k in enumerate(self.keys)]
+        self.batches_made = 0
+
+    def next_batch(self, st: ReplayState) -> Batch:
+        held = [] if self.hold is None else [w for w in self.waiting if self.hold[w[1]] > self.batches_made]
+        if held and (self.reserved or len(held) < len(self.waiting)):
+            self.waiting = [w for w in self.waiting if self.hold[w[1]] <= self.batches_made]
+            batch = super().next_batch(st)
+            self.waiting = sorted(self.waiting + held)
+        else:
+            batch = super().next_batch(st)
+        self.batches_made += 1
+        return batch

@@ -4,9 +4,10 @@ Two things alternate while time is left (docs/formulation.md, "Lagrangian bound"
 search"):
 * for mean latency and mean TTFT, a subgradient pass of the Lagrangian bound
   (`formulation.lagrangian`); every pass's value is a certified bound;
-* schedules from admission orders: the Lagrangian trajectories' start and completion batches
-  (the Lagrangian heuristic), then random moves of one request in the best order so far, each
-  simulated by an ordered unified preset and checked by the validator.
+* schedules from admission patterns (an order, and a batch before which each request is not
+  admitted): the best schedule's own pattern, the Lagrangian trajectories' (the Lagrangian
+  heuristic), then random moves of one request in the best pattern so far, each simulated by an
+  ordered unified preset (`OrderedScheduler`) and checked by the validator.
 """
 from __future__ import annotations
 
@@ -31,8 +32,9 @@ from ..workload import Instance
 
 #: the unified presets whose admission order the search permutes
 ORDERED_BASES = ("sjf-mc", "rank-i")
-#: Lagrangian passes between two rounds of order moves (more when a pass is cheap)
+#: Lagrangian passes between two rounds of pattern moves, and the moves in a round
 PASSES_PER_ROUND = 5
+ROUND_MOVES = 8
 
 
 @dataclass
@@ -45,12 +47,36 @@ class SearchOutcome:
 
 
 def admission_keys(schedule: Schedule, n: int) -> np.ndarray:
-    """Per request, the batch it is first processed in (an admission order)."""
+    """Per request, the batch it is first processed in (an admission pattern)."""
     keys = np.full(n, float(len(schedule.batches)))
     for j, batch in enumerate(reversed(schedule.batches)):
         for i in batch.tokens:
             keys[i] = len(schedule.batches) - 1 - j
     return keys
+
+
+@dataclass
+class Pattern:
+    """An admission pattern: the order (keys), the batches before which no request is admitted
+    (hold; None: at once) and the preset that serves it."""
+
+    keys: np.ndarray
+    hold: np.ndarray | None
+    base: UnifiedScheduler
+
+    def moved(self, rng: random.Random, batches: int) -> "Pattern":
+        """One random move: a request to another place in the order, its hold later or earlier, or released."""
+        keys = self.keys.copy()
+        hold = None if self.hold is None else self.hold.copy()
+        i = rng.randrange(len(keys))
+        move = rng.randrange(3) if hold is not None else 0
+        if move == 0:
+            keys[i] = keys[rng.randrange(len(keys))] + rng.choice((-0.5, 0.5))
+        elif move == 1:
+            hold[i] = max(0.0, hold[i] + rng.choice((-1, 1)) * rng.randint(1, max(2, batches // 20)))
+        else:
+            hold[i] = 0.0
+        return Pattern(keys, hold, self.base)
 
 
 def search(instance: Instance, objective: Objective, constraints: Constraints, start: Schedule, start_value: float,
@@ -62,36 +88,44 @@ def search(instance: Instance, objective: Objective, constraints: Constraints, s
     best = SearchOutcome(-math.inf, None, start_value, "")
     bases = [p for p in (get_scheduler(b) for b in ORDERED_BASES) if isinstance(p, UnifiedScheduler)]
     tried = simulated = 0
-    best_keys = admission_keys(start, len(instance))
-    best_base = bases[0]
     cap = constraints.objective_cap
+    admitted = admission_keys(start, len(instance))
+    # moves start from the best pattern simulated so far, even while its schedule is worse than
+    # the start schedule (which no pattern may reproduce exactly)
+    incumbent, incumbent_value = None, math.inf
 
-    def consider(keys, base, name) -> bool:
-        nonlocal simulated
+    def consider(pattern: Pattern, name: str) -> None:
+        nonlocal simulated, tried, incumbent, incumbent_value
+        tried += 1
         try:
             with deadline.enforced():
-                res = simulate(instance, OrderedScheduler(base, keys))
+                res = simulate(instance, OrderedScheduler(pattern.base, pattern.keys, pattern.hold))
         except (SchedulerRefused, SchedulerStuck, ValueError):
-            return False
+            return
         simulated += 1
         value = objective.of(res.replay.metrics)
-        if value >= best.value * (1 - 1e-12) or (cap is not None and value > cap * (1 + 1e-12)):
-            return False
-        if not satisfies(instance, res.schedule, constraints):
-            return False
-        checked = objective.of(validate(instance, res.schedule).metrics)  # the one validator's number
-        best.schedule, best.value, best.name = res.schedule, checked, name
-        progress.report(best=checked)
-        trajectory.record(best=checked)
-        return True
+        if (cap is not None and value > cap * (1 + 1e-12)) or not satisfies(instance, res.schedule, constraints):
+            return
+        if value < incumbent_value:
+            incumbent, incumbent_value = pattern, value
+        if value < best.value * (1 - 1e-12):
+            checked = objective.of(validate(instance, res.schedule).metrics)  # the one validator's number
+            best.schedule, best.value, best.name = res.schedule, checked, f"{name}:{pattern.base.name}"
+            progress.report(best=checked)
+            trajectory.record(best=checked)
 
     passes = None
     if objective.is_mean:
-        passes = LagrangianBound(instance, objective, max(1, int(1.1 * len(start.batches)))).iterate(start_value)
+        lagrangian = LagrangianBound(instance, objective, max(1, int(1.1 * len(start.batches))))
+        passes = lagrangian.iterate(start_value)
     n_pass = 0
     try:
+        for base in bases:  # the best schedule's own pattern, with and without its admission batches
+            consider(Pattern(admitted, admitted.copy(), base), "pattern")
+            consider(Pattern(admitted, None, base), "pattern")
         while not deadline.expired():
             if passes is not None:
+                pricing = None
                 for _ in range(PASSES_PER_ROUND):
                     value, pricing, _ = next(passes, (None, None, None))
                     if value is None:
@@ -104,32 +138,24 @@ def search(instance: Instance, objective: Objective, constraints: Constraints, s
                         trajectory.record(bound=value)
                     if deadline.expired():
                         break
-                if pricing is not None:  # the Lagrangian heuristic: admit in the trajectories' order
+                if pricing is not None:  # the Lagrangian heuristic: admit in the trajectories' order and time
+                    keys = pricing.start.astype(float)
+                    hold = np.maximum(0.0, keys - lagrangian.first_prefill)
                     for base in bases:
-                        for name, keys in (("start", pricing.start), ("completion", pricing.completion),
-                                           ("midpoint", pricing.start + pricing.completion)):
-                            if consider(keys.astype(float), base, f"lagrangian-{name}:{base.name}"):
-                                best_keys, best_base = keys.astype(float), base
-                            tried += 1
+                        for name, pattern in (("lagrangian", Pattern(keys, hold, base)),
+                                              ("lagrangian-order", Pattern(keys, None, base))):
+                            consider(pattern, name)
                 if best.bound >= best.value * (1 - 1e-9):
                     break
-            # a round of moves: one request earlier or later in the best order
-            for _ in range(max(1, 8 // len(bases))):
+            for _ in range(ROUND_MOVES if incumbent is not None else 0):  # moves from the best pattern so far
                 if deadline.expired():
                     break
-                keys = best_keys.copy()
-                i = rng.randrange(len(keys))
-                keys[i] = keys[rng.randrange(len(keys))] + rng.choice((-0.5, 0.5))
-                for base in (best_base, *[b for b in bases if b is not best_base]):
-                    tried += 1
-                    if consider(keys, base, f"ordered:{base.name}"):
-                        best_keys, best_base = keys, base
-                        break
-            if passes is None and len(instance) < 2:
-                break
+                consider(incumbent.moved(rng, len(start.batches)), "pattern")
+            if incumbent is None and passes is None:
+                break  # no pattern can be simulated (every preset refuses the case)
     except Stopped:
         pass
-    best.stats = {"lagrangian_passes": n_pass, "orders_tried": tried, "orders_simulated": simulated,
+    best.stats = {"lagrangian_passes": n_pass, "patterns_tried": tried, "patterns_simulated": simulated,
                   "search_seconds": time.perf_counter() - t0}
     return best
 
