@@ -276,7 +276,8 @@ def solve_with(instance: Instance, options: SolveOptions, deadline: Deadline | N
             options.formulation == "auto" and (size > MODEL_LIMIT or (kind.name == "bigm" and size > AUTO_BIGM_LIMIT)))):
         # no model (too large, or not asked for): the Lagrangian bound and the ordered search use the time
         progress.report(phase=SEARCH)
-        found = search(instance, objective, constraints, best.schedule, ub, deadline, trajectory, satisfies)
+        found = search(instance, objective, constraints, best.schedule, ub, deadline, trajectory, satisfies,
+                       known_bound=analytic if cap is None else -math.inf)
         if found.schedule is not None:
             cands = cands + [Candidate(found.name, found.schedule, validate(instance, found.schedule).metrics)]
         analytic = max(analytic, found.bound)

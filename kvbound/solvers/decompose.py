@@ -80,9 +80,12 @@ class Pattern:
 
 
 def search(instance: Instance, objective: Objective, constraints: Constraints, start: Schedule, start_value: float,
-           deadline: Deadline, trajectory: "Trajectory", satisfies, seed: int = 0) -> SearchOutcome:
-    """Improve the bound and the schedule until `deadline`; `trajectory` gets (seconds, best, bound)
-    points as they improve (`Trajectory`); `satisfies(instance, schedule, constraints)` filters schedules."""
+           deadline: Deadline, trajectory: "Trajectory", satisfies, known_bound: float = -math.inf,
+           seed: int = 0) -> SearchOutcome:
+    """Improve the bound and the schedule until `deadline`, or until a schedule meets the bound (the
+    Lagrangian one or `known_bound`, a certified one from elsewhere); `trajectory` gets (seconds,
+    best, bound) points as they improve (`Trajectory`); `satisfies(instance, schedule, constraints)`
+    filters schedules."""
     t0 = time.perf_counter()
     rng = random.Random(seed)
     best = SearchOutcome(-math.inf, None, start_value, "")
@@ -113,8 +116,10 @@ def search(instance: Instance, objective: Objective, constraints: Constraints, s
             best.schedule, best.value, best.name = res.schedule, checked, f"{name}:{pattern.base.name}"
             progress.report(best=checked)
             trajectory.record(best=checked)
+            if lagrangian is not None:
+                lagrangian.target = checked  # Polyak steps aim at the best value known
 
-    passes = None
+    passes = lagrangian = None
     if objective.is_mean:
         lagrangian = LagrangianBound(instance, objective, max(1, int(1.1 * len(start.batches))))
         passes = lagrangian.iterate(start_value)
@@ -127,7 +132,8 @@ def search(instance: Instance, objective: Objective, constraints: Constraints, s
             if passes is not None:
                 pricing = None
                 for _ in range(PASSES_PER_ROUND):
-                    value, pricing, _ = next(passes, (None, None, None))
+                    with deadline.enforced():  # a pass on 1,000 requests takes minutes: it is cut at the deadline
+                        value, pricing, _ = next(passes, (None, None, None))
                     if value is None:
                         passes = None
                         break
@@ -145,8 +151,8 @@ def search(instance: Instance, objective: Objective, constraints: Constraints, s
                         for name, pattern in (("lagrangian", Pattern(keys, hold, base)),
                                               ("lagrangian-order", Pattern(keys, None, base))):
                             consider(pattern, name)
-                if best.bound >= best.value * (1 - 1e-9):
-                    break
+            if max(best.bound, known_bound) >= best.value * (1 - 1e-9):
+                break  # proven optimal
             for _ in range(ROUND_MOVES if incumbent is not None else 0):  # moves from the best pattern so far
                 if deadline.expired():
                     break

@@ -11,6 +11,8 @@ from ..formulation.base import horizon_for
 from ..formulation.bigm import build_bigm
 from ..formulation.bounds import Bound, analytic_bounds
 from ..workload import Instance
+from ..formulation import FORMULATION_KINDS
+from . import api
 from .api import Result, solve_with
 from .backends import solve_highs
 from .options import SolveOptions
@@ -42,8 +44,16 @@ def lower_bounds(instance: Instance, options: SolveOptions, deadline: Deadline |
     deadline = deadline if deadline is not None else Deadline(options.time_limit)
     bounds = list(analytic_bounds(instance, options.objective))
     res = solve_with(instance, options, deadline.share(0.5))
+    if "search" in res.stats:  # no model fitted: the search's Lagrangian bound stands for the MILP's
+        value = res.stats.get("lagrangian_bound")
+        bounds.append(Bound(f"Lagrangian ({res.stats['lagrangian_passes']} passes)",
+                            -math.inf if value is None else value, res.stats["search_seconds"], value is not None,
+                            "every multiplier gives a bound; none for total latency"))
+        return bounds, res
     if res.objective is not None and not deadline.expired():
-        bounds.append(lp_bound(instance, options.objective, res.objective, deadline.remaining()))
+        J = horizon_for(instance, options.objective, res.objective)[0]
+        if FORMULATION_KINDS["bigm"].size(instance, J) <= api.MODEL_LIMIT:  # else it could not be built here
+            bounds.append(lp_bound(instance, options.objective, res.objective, deadline.remaining()))
     bounds.append(Bound(f"MILP dual bound ({res.solver}, {res.formulation}, {res.backend_seconds:.3g} s)",
                         res.solver_bound, res.backend_seconds, res.bound_certified, f"horizon J = {res.horizon}"))
     return bounds, res
