@@ -97,7 +97,7 @@ def run_point(case: str, objective: str, time_limit: float) -> dict:
     res = solve_with(inst, SolveOptions(objective, time_limit=time_limit))
     stats = res.stats
     if "skipped" in stats:
-        model = f"skipped: model too large ({stats['skipped']})"
+        model = f"skipped: {stats['skipped']}"
     elif "search" in stats:
         model = (f"no model, Lagrangian search: {stats.get('lagrangian_passes', 0)} bound passes, "
                  f"{stats.get('patterns_simulated', 0)} admission patterns simulated")
@@ -106,6 +106,9 @@ def run_point(case: str, objective: str, time_limit: float) -> dict:
     else:
         model = f"{(res.model or {}).get('variables', '?')} variables, J = {res.horizon}"
     solver_bound = res.solver_bound
+    lagrangian = stats.get("lagrangian_bound")
+    if lagrangian is not None and lagrangian >= top.value * (1 + 1e-9):
+        row["binding_bound"] = f"Lagrangian ({stats['lagrangian_passes']} passes)"
     if res.bound_certified and math.isfinite(solver_bound) and solver_bound >= top.value * (1 + 1e-9):
         row["binding_bound"] = f"{res.solver} {res.formulation} MILP bound"
     row.update({
@@ -167,12 +170,25 @@ def _order(r: dict) -> tuple:
             r["objective"] != "total_latency", _f(r["time_limit_s"]) or 0)
 
 
+def _kind(r: dict) -> str:
+    """What the solve did instead of (or with) a model: proven (a heuristic meets the bound, nothing
+    built), skipped (too large, nothing else), search (the Lagrangian search), built."""
+    model = r["model"]
+    if "meets the analytic bound" in model:
+        return "proven"
+    if model.startswith("skipped"):
+        return "skipped"
+    if model.startswith("no model, Lagrangian search"):
+        return "search"
+    return "built" if model else ""
+
+
 def summary(rows: list[dict]) -> list[str]:
     """Per objective, N and time limit: points, proven, skipped models, gaps (median, max), time used, peak memory."""
     out = ["", "## Summary (from the rows above)", "",
-           "| objective | N | limit s | points | optimal | model skipped | model built | median gap | max gap "
-           "| solve lost a better heuristic | median share of the limit used | max peak MB |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
+           "| objective | N | limit s | points | optimal | model skipped | search (no model) | model built | median gap "
+           "| max gap | solve lost a better heuristic | median share of the limit used | max peak MB |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
     groups: dict = {}
     for r in rows:
         if r["status"] in ("error", "killed"):
@@ -184,8 +200,8 @@ def summary(rows: list[dict]) -> list[str]:
         lost = sum(1 for r in rs if _f(r["best_heuristic_value"]) is not None
                    and _f(r["best_value"]) > _f(r["best_heuristic_value"]) * (1 + 1e-9))
         out.append(f"| {obj} | {n} | {limit:g} | {len(rs)} | {sum(r['status'] == 'optimal' for r in rs)} | "
-                   f"{sum(r['model'].startswith('skipped') for r in rs)} | "
-                   f"{sum(bool(r['model']) and not r['model'].startswith('skipped') for r in rs)} | "
+                   f"{sum(_kind(r) == 'skipped' for r in rs)} | {sum(_kind(r) == 'search' for r in rs)} | "
+                   f"{sum(_kind(r) == 'built' for r in rs)} | "
                    f"{100 * gaps[len(gaps) // 2]:.2f}% | {100 * gaps[-1]:.2f}% | {lost} | "
                    f"{100 * used[len(used) // 2]:.0f}% | "
                    f"{max(int(r['peak_rss_mb'] or 0) for r in rs)} |")
@@ -215,14 +231,19 @@ def write_markdown(rows: list[dict], path: Path, header: list[str]) -> None:
         lost = (_f(r["best_heuristic_value"]) is not None and _f(r["best_value"]) is not None
                 and _f(r["best_value"]) > _f(r["best_heuristic_value"]) * (1 + 1e-9))
         model = r["model"] or r["error"]
-        if model.startswith("skipped"):
+        if _kind(r) == "proven":
+            model = "none needed: a heuristic meets the bound"
+        elif model.startswith("skipped"):
             size = model.split("~", 1)[-1].split(" ", 1)[0]
             model = f"skipped: model too large (~{size} vars)"
         if r["error"] and r["model"]:
             model += f"; {r['error']}"
+        binding = r["binding_bound"]
+        if _kind(r) == "search" and (_f(r["lower_bound"]) or 0) > (_f(r["analytic_bound"]) or 0) * (1 + 1e-9):
+            binding = "Lagrangian"  # rows written before the column named it
         lines.append(f"| {r['trace']} | {r['requests']} | {r['m_regime']} {r['kv_capacity']} | {r['arrivals']} | "
                      f"{r['objective']} | {heur} | {_num(r['best_value'])}{' †' if lost else ''} | {r['best_source']} | "
-                     f"{_num(r['lower_bound'])} | {r['binding_bound']} | {gap} | {r['status']} | {model} | "
+                     f"{_num(r['lower_bound'])} | {binding} | {gap} | {r['status']} | {model} | "
                      f"{r['seconds']} / {r['time_limit_s']} | {r['heuristics_s']} | {r['peak_rss_mb']} | "
                      f"{r['load_before']}-{r['load_after']} |")
     lines += summary(rows)

@@ -95,6 +95,19 @@ def test_ordered_scheduler_admits_in_the_given_order():
         assert sorted(range(4), key=lambda i: (first[i], i)) == sorted(range(4), key=lambda i: keys[i])
 
 
+def test_ordered_scheduler_holds_a_request_until_its_batch_unless_nothing_else_runs():
+    inst = Instance((Request(2, 8), Request(2, 3), Request(2, 3)), SystemConfig(64, 64, 64, 1), CostModel(intercept=1.0))
+    res = simulate(inst, OrderedScheduler(get_scheduler("sjf-mc"), [0, 1, 2], [0, 4, 30]))
+    validate(inst, res.schedule)
+    first = {}
+    for j, b in enumerate(res.schedule.batches):
+        for i in b.tokens:
+            first.setdefault(i, j)
+    assert first[0] == 0 and first[1] == 4
+    # request 2's hold (30) is past the end of the others: it is released when nothing else runs
+    assert first[2] == 8 and len(res.schedule.batches) == 11
+
+
 @settings(max_examples=25, deadline=None)
 @given(inst=instances(min_requests=2, max_requests=3, max_prompt=4, max_output=3), objective=st.sampled_from(MEAN))
 def test_lagrangian_solve_is_valid_and_below_the_optimum(inst, objective):

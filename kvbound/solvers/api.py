@@ -265,7 +265,7 @@ def solve_with(instance: Instance, options: SolveOptions, deadline: Deadline | N
     tick = _tick_for(instance, J) if backend.integer_ticks else None
     size = kind.size(instance, J)
     cap = constraints.objective_cap
-    warm_name, build_seconds, form, scale = None, 0.0, None, 1.0
+    warm_name, build_seconds, form, scale, lagrangian = None, 0.0, None, 1.0, -math.inf
     proven = ub is not None and cap is None and ub - analytic <= REL_TOL * max(abs(ub), 1e-12)
     if proven and options.skip_proven and not options.export:
         # a heuristic schedule meets a certified analytic bound (valid under any constraints): it is
@@ -280,7 +280,12 @@ def solve_with(instance: Instance, options: SolveOptions, deadline: Deadline | N
                        known_bound=analytic if cap is None else -math.inf)
         if found.schedule is not None:
             cands = cands + [Candidate(found.name, found.schedule, validate(instance, found.schedule).metrics)]
-        analytic = max(analytic, found.bound)
+        if bound_above(found.bound, min(objective.of(c.metrics) for c in cands), REL_TOL):
+            # above a validated schedule: a bug in the bound; never report it
+            warnings.warn(f"the Lagrangian bound {found.bound:.9g} is above a validated schedule; discarded",
+                          RuntimeWarning, stacklevel=2)
+            found.bound = -math.inf
+        lagrangian = found.bound
         why_not = "" if options.formulation == SEARCH else \
             f"the {kind.name} model would have ~{size:,} variables (auto's limit {min(MODEL_LIMIT, AUTO_BIGM_LIMIT) if kind.name == 'bigm' else MODEL_LIMIT:,}); "
         out = BackendOutcome("unknown", None, None, -math.inf, 0.0, None,
@@ -313,8 +318,10 @@ def solve_with(instance: Instance, options: SolveOptions, deadline: Deadline | N
             build_seconds = time.perf_counter() - t_build if form is None else build_seconds
             out = BackendOutcome("unknown", None, None, -math.inf, 0.0, None, {"stopped": f"{stop.reason} before the solver ran"})
     with interrupt.deferred():  # what is known is reported, whatever comes now
-        result = _result(instance, options, backend, kind, form, out, cands, analytic, certified, why, J, tick, size,
-                         scale, warm_name, build_seconds, deadline)
+        # the Lagrangian bound holds at any horizon, as the analytic ones do
+        result = _result(instance, options, backend, kind, form, out, cands, max(analytic, lagrangian), certified, why,
+                         J, tick, size, scale, warm_name, build_seconds, deadline)
+        result.analytic_bound = analytic
         trajectory.record(best=result.objective, bound=result.lower_bound)
         result.trajectory = trajectory.points
         if "search" in out.stats:
