@@ -2,7 +2,7 @@
 
 * The bound never exceeds the brute-force optimum, for mean latency and mean TTFT, with
   arrivals, block rounding and evictions allowed, at multipliers 0 and after subgradient steps,
-  and at random multipliers (any lam >= 0 must give a bound).
+  and at random multipliers on the KV and token limits (any lam, mu >= 0 must give a bound).
 * With every request at 0 and lam = 0 it is at least the mean of each request alone.
 * The backtracked usage is the KV of the trajectories priced (checked against a direct recount).
 * `solve(formulation="lagrangian")` and `auto` where the model is too large: every schedule
@@ -40,8 +40,11 @@ def test_lagrangian_bound_never_exceeds_the_brute_force_optimum(inst, objective,
     bound = LagrangianBound(inst, objective, horizon)
     rng = np.random.default_rng(seed)
     scale = inst.cost.intercept / max(1, inst.system.kv_capacity)
-    for lam in (np.zeros(horizon), rng.exponential(scale, horizon), rng.exponential(10 * scale, horizon)):
-        assert bound.price(lam).value <= opt * (1 + 1e-9) + 1e-12
+    token_scale = inst.cost.intercept / max(1, inst.system.max_batch_tokens)
+    for lam, mu in ((np.zeros(horizon), None), (rng.exponential(scale, horizon), None),
+                    (rng.exponential(10 * scale, horizon), rng.exponential(token_scale, horizon)),
+                    (np.zeros(horizon), rng.exponential(10 * token_scale, horizon))):
+        assert bound.price(lam, mu).value <= opt * (1 + 1e-9) + 1e-12
     value, pricing, passes = bound.improve(Deadline(None), opt, max_passes=30)
     assert passes >= 1 and pricing is not None
     assert value <= opt * (1 + 1e-9) + 1e-12

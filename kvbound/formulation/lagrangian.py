@@ -27,6 +27,7 @@ import numpy as np
 
 from ..deadline import Deadline
 from ..objective import Objective
+from .bounds import request_minimum_work
 from ..workload import Instance
 
 #: bytes of DP choices kept at once: the backward pass recomputes segments from checkpoints
@@ -35,6 +36,8 @@ CHOICE_BYTES = 2 * 2 ** 30
 #: conversation requests (1.0, 20) gained nothing in 30 passes where (0.1, 20) gained 3.4%; on 40
 #: requests both reach the same bound within 0.1% after 300 passes
 FIRST_STEP = 0.1
+#: the work weightings tried at zero multipliers (`LagrangianBound.alpha`)
+ALPHAS = (1.0, 0.5, 0.25, 0.0)
 STALL_ITERATIONS = 20
 
 
@@ -46,6 +49,7 @@ class Pricing:
     usage: np.ndarray  # KV of the cheapest trajectories per batch 1..H
     completion: np.ndarray  # per request: the batch its cheapest trajectory completes in
     start: np.ndarray  # per request: the batch its cheapest trajectory's first prefill completes in
+    tokens: np.ndarray  # tokens of the cheapest trajectories per batch 1..H (a refill's in its cheapest batch)
 
 
 class LagrangianBound:
@@ -73,21 +77,32 @@ class LagrangianBound:
         held = prompt[owner] + k - 1  # cached tokens after generating token k
         self.kv = np.where(k >= 1, s.blocks(np.maximum(held, 0)), 0).astype(float)
         m = (held - 1).astype(float)  # cached before generating token k >= 2
-        self.decode_work = np.where(k >= 2, cost.per_token + cost.decode_kv * m, np.inf)
+        # (k = 0, and a decode into k = 1, are never reached: their states stay infinite)
+        self.decode_work = np.where(k >= 2, cost.per_token + cost.decode_kv * m, 0.0)
         self.refill_work = np.where(k >= 2, cost.per_token * (m + 1) + cost.prefill_attention * (m + 1) ** 2
-                                    + cost.per_prefill_request, np.inf)
+                                    + cost.per_prefill_request, 0.0)
         self.refill_work[self.start + 1] = (cost.per_token * prompt + cost.prefill_attention * prompt.astype(float) ** 2
                                             + cost.per_prefill_request)
+        self.refill_tokens = np.where(k >= 1, held, 0).astype(float)  # a refill (or first prefill) into R_k
         self.steps = self.H + int((self.first_prefill + out).max()) + 1
         self.nu = _unfinished_at_least(instance, np.add.reduceat(self.kv, self.start), out + self.first_prefill - 1,
                                        (prompt + out - 1).astype(float), self.steps)
         self.arrival_sum = float(instance.arrivals.sum())
-        self.intercept, self.capacity, self.n = cost.intercept, s.kv_capacity, n
+        # the work may also be bounded without trajectories: each pair of requests waits at least for
+        # the smaller one's work (the k-th completion for the k smallest works), `pairwise`; the
+        # bound weighs the two, `alpha` (the nu-weighted work in the DP) and 1 - alpha (pairwise)
+        first_work = self.refill_work[self.start + 1]
+        own = first_work if objective.first_token else np.array([request_minimum_work(r, cost) for r in instance.requests])
+        self.pairwise = float(np.cumsum(np.sort(own)).sum())
+        self.alpha = 1.0
+        self.intercept, self.capacity, self.token_capacity, self.n = cost.intercept, s.kv_capacity, s.max_batch_tokens, n
 
     # ------------------------------------------------------------------ one pricing pass
 
-    def price(self, lam: np.ndarray) -> Pricing:
-        """The cheapest trajectory of every request under multipliers `lam` (length H, >= 0)."""
+    def price(self, lam: np.ndarray, mu: np.ndarray | None = None) -> Pricing:
+        """The cheapest trajectory of every request under multipliers `lam` on the KV limit and `mu`
+        on the token limit C of batches 1..H (each length H, >= 0; no `mu`: 0)."""
+        mu = np.zeros(self.H) if mu is None else mu
         T = len(self.kv)
         segment = max(1, min(self.steps, CHOICE_BYTES // (2 * T)))
         keep = segment >= self.steps  # every choice fits: the backward pass need not recompute
@@ -97,21 +112,32 @@ class LagrangianBound:
         E[self.start] = 0.0
         best = np.full(self.n, np.inf)
         done_at = np.zeros(self.n, dtype=np.int64)
+        cheapest = _running_argmin(mu, self.steps)
         for j in range(1, self.steps + 1):
             if (j - 1) % segment == 0:
                 checkpoints[j] = (R, E)
-            R, E, choice, evict = self._step(j, lam, R, E, best, done_at)
+            R, E, choice, evict = self._step(j, lam, mu, cheapest, R, E, best, done_at)
             if keep:
                 kept.append((choice, evict))
-        value = (best.sum() - self.capacity * float(lam.sum()) - self.arrival_sum) / self.n
-        usage, start = self._backtrack(lam, checkpoints, segment, done_at, kept if keep else None)
-        return Pricing(value, usage, done_at, start)
+        value = (best.sum() - self.capacity * float(lam.sum()) - self.token_capacity * float(mu.sum())
+                 + (1.0 - self.alpha) * self.pairwise - self.arrival_sum) / self.n
+        usage, tokens, start = self._backtrack(lam, mu, cheapest, checkpoints, segment, done_at, kept if keep else None)
+        return Pricing(value, usage, done_at, start, tokens)
 
-    def _step(self, j, lam, R, E, best=None, done_at=None):
+    def _priced_at(self, alpha: float, lam, mu) -> Pricing:
+        self.alpha = alpha
+        return self.price(lam, mu)
+
+    def _step(self, j, lam, mu, cheapest, R, E, best=None, done_at=None):
         """One batch of the DP: the cheapest cost of every state after batch j, how each was reached
-        (0 idle, 1 decode, 2 refill or first prefill) and which were evicted before it."""
+        (0 idle, 1 decode, 2 refill or first prefill) and which were evicted before it.
+
+        A refill's tokens pay the cheapest token price of batches 1..j (`cheapest`): its chunks run
+        in some of them, at most that many tokens, so that is a lower bound."""
         lj = float(lam[j - 1]) if j <= self.H else 0.0
-        nu = self.nu[j - 1]
+        mj = float(mu[j - 1]) if j <= self.H else 0.0
+        low = float(mu[cheapest[j - 1]]) if cheapest[j - 1] >= 0 else 0.0
+        nu = self.nu[j - 1] * self.alpha
         held = self.kv * lj
         # an eviction needs no batch of its own: an eviction-only batch costs nothing (no tokens)
         evict = R < E
@@ -121,7 +147,11 @@ class LagrangianBound:
         for code, before, work in ((1, R, self.decode_work), (2, E, self.refill_work)):
             moved = before[:-1] + held[1:]
             moved += work[1:] * nu
-            if code == 2:
+            if code == 1:
+                moved += mj
+            else:
+                if low:
+                    moved += self.refill_tokens[1:] * low
                 moved[self.start[j < self.first_prefill]] = np.inf  # a first prefill needs its batches
             cheaper = moved < Rn[1:]
             Rn[1:][cheaper] = moved[cheaper]
@@ -135,10 +165,11 @@ class LagrangianBound:
         Rn[self.last] = np.inf
         return Rn, E, choice, evict
 
-    def _backtrack(self, lam, checkpoints, segment, done_at, kept=None):
+    def _backtrack(self, lam, mu, cheapest, checkpoints, segment, done_at, kept=None):
         """KV per batch 1..H of every request's cheapest trajectory, and its start batch (the
         choices `kept` from the forward pass, else recomputed segment by segment from checkpoints)."""
         usage = np.zeros(self.H)
+        tokens = np.zeros(self.H)
         start = np.zeros(self.n, dtype=np.int64)
         pos = self.last.copy()
         resident = np.ones(self.n, dtype=bool)
@@ -151,7 +182,7 @@ class LagrangianBound:
             else:
                 choices = []
                 for j in range(first, end):
-                    R, E, choice, evict = self._step(j, lam, R, E)
+                    R, E, choice, evict = self._step(j, lam, mu, cheapest, R, E)
                     choices.append((choice, evict))
             for j in range(end - 1, first - 1, -1):
                 choice, evict = choices[j - first]
@@ -162,13 +193,18 @@ class LagrangianBound:
                 ch = np.where(inr, choice[pos], 0)
                 started = inr & (ch == 2) & (pos == self.start + 1)
                 start[started] = j
+                if j <= self.H:  # decode tokens in this batch; a refill's in the cheapest batch so far
+                    tokens[j - 1] += np.count_nonzero(ch == 1)
+                    refilled = ch == 2
+                    if refilled.any() and cheapest[j - 1] >= 0:
+                        tokens[cheapest[j - 1]] += self.refill_tokens[pos[refilled]].sum()
                 pos = pos - (ch >= 1)
                 # before this batch: resident after a decode or idle batch; after a refill, resident
                 # if it was evicted just before the refill, as for a request that stayed evicted
                 refilled_or_out = act & ~(inr & (ch <= 1))
                 resident = np.where(refilled_or_out, evict[pos], resident)
                 alive &= ~(~resident & (pos == self.start))
-        return usage, start
+        return usage, tokens, start
 
     # ------------------------------------------------------------------ the subgradient method
 
@@ -177,10 +213,13 @@ class LagrangianBound:
         `self.target` as better schedules appear): yields (best bound so far, its pricing, this
         pricing) after every pass, and stops when the bound cannot improve."""
         self.target = upper_bound
-        lam = np.zeros(self.H)
+        lam, mu = np.zeros(self.H), np.zeros(self.H)
+        # the work weighting that is best at zero multipliers (any alpha in [0, 1] gives a bound)
+        trials = {alpha: self._priced_at(alpha, lam, mu) for alpha in ALPHAS}
+        self.alpha = max(trials, key=lambda a: trials[a].value)
         best_value, best_pricing, theta, stall = -math.inf, None, FIRST_STEP, 0
         while True:
-            pricing = self.price(lam)
+            pricing = self.price(lam, mu)
             if best_pricing is None or pricing.value > best_value + 1e-12 * abs(best_value):
                 best_value, best_pricing, stall = pricing.value, pricing, 0
             else:
@@ -192,11 +231,14 @@ class LagrangianBound:
                 return
             g = pricing.usage - self.capacity
             g[(lam <= 0) & (g < 0)] = 0.0
-            norm = float(g @ g)
+            h = pricing.tokens - self.token_capacity
+            h[(mu <= 0) & (h < 0)] = 0.0
+            norm = float(g @ g + h @ h)
             if norm == 0.0 or theta < 1e-9:
-                return  # the cheapest trajectories fit M (or the steps vanished): the bound is final
+                return  # the cheapest trajectories fit M and C (or the steps vanished): the bound is final
             step = theta * (self.target - pricing.value) * self.n / norm
             lam = np.maximum(0.0, lam + step * g)
+            mu = np.maximum(0.0, mu + step * h)
 
     def improve(self, deadline: Deadline, upper_bound: float,
                 max_passes: int | None = None) -> tuple[float, Pricing | None, int]:
@@ -207,6 +249,17 @@ class LagrangianBound:
             if deadline.expired() or (max_passes is not None and passes >= max_passes):
                 break
         return value, pricing, passes
+
+
+def _running_argmin(mu: np.ndarray, steps: int) -> np.ndarray:
+    """Per batch j = 1..steps, the index (0-based) of the cheapest token price among batches 1..j
+    (batches after H have price 0: -1 there, meaning "free")."""
+    out = np.full(steps, -1, dtype=np.int64)
+    if len(mu):
+        running = np.minimum.accumulate(mu)
+        first = np.flatnonzero(np.r_[True, running[1:] < running[:-1]])  # where a new minimum starts
+        out[:len(mu)] = first[np.searchsorted(first, np.arange(len(mu)), side="right") - 1]
+    return out
 
 
 def _unfinished_at_least(instance: Instance, area: np.ndarray, alone: np.ndarray, tokens: np.ndarray,
