@@ -1,22 +1,25 @@
 """A Lagrangian lower bound on mean latency and mean TTFT that is certified for every multiplier.
 
-docs/formulation.md, "Lagrangian bound", has the derivation; in short, for batches j = 1, 2, ...
-that each process something (eviction-only batches merge into the next one at no cost):
+docs/formulation.md, "The Lagrangian bound", has the derivation; in short, for the batches
+j = 1, 2, ... that process something (an eviction-only batch has no token and costs nothing):
 
     sum_r C_r  >=  sum_j n_j d_j,   n_j = requests unfinished at batch j,  d_j >= a0 + work in batch j,
 
-and n_j >= nu_j = max(1, N - (most requests that can finish within j - 1 batches)), a number
-that no schedule beats. Then sum_r C_r >= sum_r (a0 b_r + sum_j nu_j w_r(j)), separable per
-request (b_r: its completion batch, w_r(j): its work in batch j). Dualising the KV limit of the
-first H batches with multipliers lam_j >= 0 gives, for any lam,
+and n_j >= nu_j = max(1, N - (most requests that can finish within j - 1 batches)), a count no
+schedule beats, or the work term is bounded by the pairwise bound P; with any weight alpha in
+[0, 1] between the two the bound separates per request (b_r: its completion batch, w_r(j): its
+work in batch j). Dualising the KV limit M and the token limit C of the first H batches with
+multipliers lam_j, mu_j >= 0 gives, for any of them,
 
-    sum_r C_r >= sum_r min over trajectories of [a0 b_r + sum_j (nu_j w_r(j) + lam_j kv_r(j))] - M sum_j lam_j,
+    sum_r C_r >= sum_r min over trajectories of [a0 b_r + sum_j (alpha nu_j w_r(j) + lam_j kv_r(j) + mu_j c_r(j))]
+                 + (1 - alpha) P - M sum_j lam_j - C sum_j mu_j,
 
 each minimum a shortest path over (batch, tokens generated, KV resident or not) computed by
 dynamic programming over all requests at once. Trajectories are relaxed only downwards
 (partial prefill chunks hold no KV, a refill may come any batch after its eviction, prefill
-chunks pay their work in the batch that completes them), so every value is a lower bound; the
-multipliers only decide how good it is, and a subgradient method improves them while time lasts.
+chunks pay their work in the batch that completes them and their tokens at the cheapest price
+so far), so every value is a lower bound; the multipliers only decide how good it is, and a
+subgradient method improves them while time lasts.
 """
 from __future__ import annotations
 
@@ -27,8 +30,8 @@ import numpy as np
 
 from ..deadline import Deadline
 from ..objective import Objective
-from .bounds import request_minimum_work
 from ..workload import Instance
+from .bounds import request_minimum_work
 
 #: bytes of DP choices kept at once: the backward pass recomputes segments from checkpoints
 CHOICE_BYTES = 2 * 2 ** 30
@@ -36,9 +39,9 @@ CHOICE_BYTES = 2 * 2 ** 30
 #: conversation requests (1.0, 20) gained nothing in 30 passes where (0.1, 20) gained 3.4%; on 40
 #: requests both reach the same bound within 0.1% after 300 passes
 FIRST_STEP = 0.1
+STALL_ITERATIONS = 20
 #: the work weightings tried at zero multipliers (`LagrangianBound.alpha`)
 ALPHAS = (1.0, 0.5, 0.25, 0.0)
-STALL_ITERATIONS = 20
 
 
 @dataclass
