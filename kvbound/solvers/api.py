@@ -274,7 +274,7 @@ def solve_with(instance: Instance, options: SolveOptions, deadline: Deadline | N
                              {"skipped": "the best heuristic schedule meets the analytic bound: optimal without a model"})
     elif best is not None and not options.export and (options.formulation == SEARCH or (
             options.formulation == "auto" and (size > MODEL_LIMIT or (kind.name == "bigm" and size > AUTO_BIGM_LIMIT)))):
-        # no model (too large, or not asked for): the Lagrangian bound and the ordered search use the time
+        # no model (too large, or not asked for): the Lagrangian bound and the pattern search use the time
         progress.report(phase=SEARCH)
         found = search(instance, objective, constraints, best.schedule, ub, deadline, trajectory, satisfies,
                        known_bound=analytic if cap is None else -math.inf)
@@ -289,7 +289,7 @@ def solve_with(instance: Instance, options: SolveOptions, deadline: Deadline | N
         why_not = "" if options.formulation == SEARCH else \
             f"the {kind.name} model would have ~{size:,} variables (auto's limit {min(MODEL_LIMIT, AUTO_BIGM_LIMIT) if kind.name == 'bigm' else MODEL_LIMIT:,}); "
         out = BackendOutcome("unknown", None, None, -math.inf, 0.0, None,
-                             {"search": why_not + "Lagrangian bound and ordered search", **found.stats,
+                             {"search": why_not + "Lagrangian bound and admission-pattern search", **found.stats,
                               "lagrangian_bound": found.bound if math.isfinite(found.bound) else None})
     elif size > MODEL_LIMIT and not options.export:
         # no solver could take it here: the best heuristic schedule and the analytic bounds stand

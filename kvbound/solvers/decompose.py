@@ -1,7 +1,7 @@
 """The anytime search used where no MIP model fits: bounds and schedules improve until the deadline.
 
-Two things alternate while time is left (docs/formulation.md, "Lagrangian bound" and "Ordered
-search"):
+Two things alternate while time is left (docs/formulation.md, "The Lagrangian bound" and "The
+admission-pattern search"):
 * for mean latency and mean TTFT, a subgradient pass of the Lagrangian bound
   (`formulation.lagrangian`); every pass's value is a certified bound;
 * schedules from admission patterns (an order, and a batch before which each request is not
