@@ -220,9 +220,9 @@ class LagrangianBound:
         # the work weighting that is best at zero multipliers (any alpha in [0, 1] gives a bound)
         trials = {alpha: self._priced_at(alpha, lam, mu) for alpha in ALPHAS}
         self.alpha = max(trials, key=lambda a: trials[a].value)
+        pricing = trials[self.alpha]  # the first pass: its multipliers are these zeros
         best_value, best_pricing, theta, stall = -math.inf, None, FIRST_STEP, 0
         while True:
-            pricing = self.price(lam, mu)
             if best_pricing is None or pricing.value > best_value + 1e-12 * abs(best_value):
                 best_value, best_pricing, stall = pricing.value, pricing, 0
             else:
@@ -242,6 +242,7 @@ class LagrangianBound:
             step = theta * (self.target - pricing.value) * self.n / norm
             lam = np.maximum(0.0, lam + step * g)
             mu = np.maximum(0.0, mu + step * h)
+            pricing = self.price(lam, mu)
 
     def improve(self, deadline: Deadline, upper_bound: float,
                 max_passes: int | None = None) -> tuple[float, Pricing | None, int]:

@@ -279,7 +279,7 @@ def solve_with(instance: Instance, options: SolveOptions, deadline: Deadline | N
         found = search(instance, objective, constraints, best.schedule, ub, deadline, trajectory, satisfies,
                        known_bound=analytic if cap is None else -math.inf)
         if found.schedule is not None:
-            cands = cands + [Candidate(found.name, found.schedule, validate(instance, found.schedule).metrics)]
+            cands = cands + [Candidate(found.name, found.schedule, found.metrics)]
         if bound_above(found.bound, min(objective.of(c.metrics) for c in cands), REL_TOL):
             # above a validated schedule: a bug in the bound; never report it
             warnings.warn(f"the Lagrangian bound {found.bound:.9g} is above a validated schedule; discarded",

@@ -25,7 +25,7 @@ from ..interrupt import Stopped
 from ..formulation.base import Constraints
 from ..formulation.lagrangian import LagrangianBound
 from ..objective import Objective
-from ..schedule import Schedule, validate
+from ..schedule import Metrics, Schedule, validate
 from ..schedulers import get_scheduler, simulate
 from ..schedulers.unified import OrderedScheduler, UnifiedScheduler
 from ..workload import Instance
@@ -41,6 +41,7 @@ ROUND_MOVES = 8
 class SearchOutcome:
     bound: float  # -inf: no Lagrangian bound (total latency, or no time for a pass)
     schedule: Schedule | None  # the best schedule the search found, if it beats the one it started from
+    metrics: Metrics | None  # the validator's metrics of that schedule
     value: float
     name: str
     stats: dict = field(default_factory=dict)
@@ -88,7 +89,7 @@ def search(instance: Instance, objective: Objective, constraints: Constraints, s
     filters schedules."""
     t0 = time.perf_counter()
     rng = random.Random(seed)
-    best = SearchOutcome(-math.inf, None, start_value, "")
+    best = SearchOutcome(-math.inf, None, None, start_value, "")
     bases = [p for p in (get_scheduler(b) for b in ORDERED_BASES) if isinstance(p, UnifiedScheduler)]
     tried = simulated = 0
     cap = constraints.objective_cap
@@ -112,8 +113,10 @@ def search(instance: Instance, objective: Objective, constraints: Constraints, s
         if value < incumbent_value:
             incumbent, incumbent_value = pattern, value
         if value < best.value * (1 - 1e-12):
-            checked = objective.of(validate(instance, res.schedule).metrics)  # the one validator's number
-            best.schedule, best.value, best.name = res.schedule, checked, f"{name}:{pattern.base.name}"
+            metrics = validate(instance, res.schedule).metrics  # the one validator's numbers
+            checked = objective.of(metrics)
+            best.schedule, best.metrics, best.value = res.schedule, metrics, checked
+            best.name = f"{name}:{pattern.base.name}"
             progress.report(best=checked)
             trajectory.record(best=checked)
             if lagrangian is not None:
