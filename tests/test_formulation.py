@@ -425,3 +425,22 @@ def test_completion_order_bound_counts_a_late_burst_from_its_arrival():
     opt = brute_force(inst, "mean_latency").value
     assert opt == pytest.approx(1.75)
     assert max(b.value for b in analytic_bounds(inst, "mean_latency")) == pytest.approx(opt)
+
+
+def test_pairwise_work_waits_see_a_prefill_arriving_during_another():
+    # r0 (4 prompt tokens) at 0, r1 and r2 (1 each) at 2; 1 s intercept, 1 s a token: alone they
+    # take 5, 2 and 2 s. Of r0 and a late one, whichever finishes last waits for the other's work
+    # still to do: the late one for at least 4 - 2 s of r0's, or r0 for its 1 s; of r1 and r2, one
+    # waits 1 s for the other. Mean >= (9 + 3) / 3 = 4, where the other bounds stay below
+    from kvbound.formulation.bounds import pairwise_work_waits
+
+    reqs = (Request(4, 1), Request(1, 1, 2.0), Request(1, 1, 2.0))
+    inst = Instance(reqs, SystemConfig(64, 8, 8, 1), CostModel(intercept=1.0, per_token=1.0))
+    assert pairwise_work_waits(inst) == pytest.approx(3.0)
+    bounds = {b.name: b.value for b in analytic_bounds(inst, "mean_latency")}
+    assert bounds["each request alone + pairwise work waits"] == pytest.approx(4.0)
+    assert max(v for name, v in bounds.items() if "pairwise" not in name) < 3.9
+    assert brute_force(inst, "mean_latency").value >= 4.0
+    # the first prefills are the whole work here: the same for TTFT
+    ttft = {b.name: b.value for b in analytic_bounds(inst, "mean_ttft")}
+    assert ttft["each first prefill alone + pairwise prefill waits"] == pytest.approx(4.0)

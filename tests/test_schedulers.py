@@ -32,7 +32,7 @@ NON_CHUNKING_EVICTING = {"vllm", "vllm-hy", "sarathi-nocp", "sarathi-nohy"}
 NON_CHUNKING_EVICTION_FREE = {name + "-ef" for name in NON_CHUNKING_EVICTING} | {"mcsf"}
 NON_CHUNKING_EVICTING |= {"apt-greedy"}
 #: chunked prefill: serve every valid instance
-CHUNKING = {"sarathi", "sarathi-pc", "sarathi-ef", "sarathi-pc-ef", "rank-i", "rank-o", "evict-short", "mcsf-pc",
+CHUNKING = {"sarathi", "sarathi-pc", "sarathi-ef", "sarathi-pc-ef", "rank-i", "rank-o", "evict-short", "mcsf-pc", "srpt",
             "sarathi-pc-mc", "sjf-mc", "spt-waves", "larry", "trail", "fcfs", "no-preempt", "vllm-v1"}
 #: prompts must fit P and (1 - alpha) M; a refill that does not fit stops it loudly (SchedulerStuck)
 PROTECTING = {"fcfs-protect"}

@@ -147,7 +147,42 @@ def analytic_bounds(instance: Instance, objective: str) -> list[Bound]:
         out.append(Bound("k-th completion >= k smallest capacity shares + work" if not first else
                          "k-th first token >= k smallest capacity shares + prefill work",
                          float(ordered.sum() - instance.arrivals.sum()) / len(instance), time.perf_counter() - t0))
+        waits = pairwise_work_waits(instance, first)
+        out.append(Bound("each request alone + pairwise work waits" if not first else
+                         "each first prefill alone + pairwise prefill waits", alone + waits / len(instance),
+                         time.perf_counter() - t0))
     return out
+
+
+def pairwise_work_waits(instance: Instance, first_token: bool = False) -> float:
+    """A lower bound on the sum over requests of the work of others done while each waits.
+
+    A request's latency is the length of the batches between its arrival and its completion: its
+    own batches and work (`own_time_lower_bound`) plus the work of other requests processed in
+    that window (work, unlike an intercept, belongs to one request, so these add up). Of two
+    requests r and q with a_r <= a_q, whichever finishes last has waited for work of the other: if
+    q does, for r's work after a_q, at least W_r - (a_q - a_r) (at most a_q - a_r of it is done
+    before a_q; of a batch running at a_q, q waits for the rest, which the requests in it share
+    out without counting any time twice); if r does, for all of W_q. So the pair adds at least
+    min(max(0, W_r - (a_q - a_r)), W_q). For TTFT the same holds with each request's first prefill
+    work and its first token. docs/formulation.md, "Bounds".
+    """
+    cost = instance.cost
+    if first_token:
+        prompts = instance.prompts.astype(float)
+        work = cost.per_token * prompts + cost.prefill_attention * prompts ** 2 + cost.per_prefill_request
+    else:
+        work = np.array([request_minimum_work(r, cost) for r in instance.requests])
+    order = np.argsort(instance.arrivals, kind="stable")
+    arrivals, work = instance.arrivals[order], work[order]
+    # pairs further apart than W_r add nothing: each row only looks that far ahead
+    reach = np.searchsorted(arrivals, arrivals + work, side="left")
+    total = 0.0
+    for k in range(len(order) - 1):
+        later = slice(k + 1, max(k + 1, int(reach[k])))
+        left = work[k] - (arrivals[later] - arrivals[k])
+        total += float(np.minimum(np.maximum(left, 0.0), work[later]).sum())
+    return total
 
 
 def release_bound(instance: Instance) -> tuple[float, float]:

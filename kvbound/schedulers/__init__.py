@@ -15,6 +15,8 @@ from .base import Policy, SimulationResult, simulate
 from .jaillet import MCSF, FcfsProtect
 from .kossmann import ENGINE as ENGINE_003
 from .kossmann import Larry, Trail
+from .srpt import PARAMS as SRPT_PARAMS
+from .srpt import Srpt
 from .unified import UnifiedParams, UnifiedScheduler
 from .waves import SptWaves
 
@@ -78,7 +80,8 @@ _UNIFIED.update({
                 "request is preempted (recompute) and nothing is admitted in that step"),
 })
 #: unified presets run by a subclass, with its own options (name -> (class, {option: default}))
-_SUBCLASSED: dict[str, tuple[type, dict[str, float]]] = {"larry": (Larry, {"alpha": 1.0}), "trail": (Trail, {"c": 0.0})}
+_SUBCLASSED: dict[str, tuple[type, dict[str, float]]] = {"larry": (Larry, {"alpha": 1.0}), "trail": (Trail, {"c": 0.0}),
+                                                          "srpt": (Srpt, {"ratio": 1.0})}
 _UNIFIED.update({
     "larry": (ENGINE_003,
               "LARRY (Kossmann et al. Sec. 4.1): decodes first, chunked, P = C; waiting requests by score = queue length "
@@ -88,6 +91,10 @@ _UNIFIED.update({
               "TRAIL+ (Kossmann et al. Sec. 2): shortest remaining output O - n first (true lengths; hypothetical: knows "
               "O), running and waiting; decodes first, chunked, P = C; preempts for a shorter waiting request only while "
               "n / O < c (c = 0: never)"),
+    "srpt": (SRPT_PARAMS,
+             "shortest remaining time alone first (intercepts + work; hypothetical: knows O), running and waiting; "
+             "decodes always join a batch, a lower-priority prefill chunk only while the delay it causes the requests "
+             "ahead is at most ratio x their remaining time (ratio = 1; larger mixes more); chunked, P = C"),
 })
 #: option names that are another name of a UnifiedParams field, per preset
 _ALIASES = {"vllm-v1": {"max_num_seqs": "max_running", "max_num_batched_tokens": "token_limit"}}
@@ -108,7 +115,7 @@ SCHEDULERS.update({name: desc for name, (_, desc) in _OTHER.items()})
 
 #: the fast heuristics a solver warm-starts from by default (each is cheap on small cases)
 FAST_HEURISTICS = ("vllm", "vllm-ef", "sarathi-pc", "sarathi-pc-ef", "sarathi", "sarathi-ef", "rank-i", "evict-short", "mcsf",
-                   "mcsf-pc", "sarathi-pc-mc", "sjf-mc", "spt-waves")
+                   "mcsf-pc", "sarathi-pc-mc", "sjf-mc", "spt-waves", "srpt")
 
 
 def _bad_option(where: str, problem: str) -> InputError:
@@ -205,4 +212,4 @@ def run_scheduler(instance, spec: str) -> SimulationResult:
 
 __all__ = ["SCHEDULERS", "FAST_HEURISTICS", "get_scheduler", "run_scheduler", "simulate", "Policy",
            "SimulationResult", "UnifiedParams", "UnifiedScheduler", "MCSF", "FcfsProtect", "SptWaves", "Larry", "Trail",
-           "AptGreedy"]
+           "AptGreedy", "Srpt"]

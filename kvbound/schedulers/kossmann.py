@@ -40,6 +40,9 @@ class Larry(UnifiedScheduler):
             raise ValueError(f"larry: alpha must be a finite number >= 0, got {alpha}")
         self.alpha = alpha
 
+    def options(self) -> dict:
+        return {"alpha": self.alpha}
+
     def _waiting_order(self, st: ReplayState) -> list[int]:
         now = _clock(self, st)
         q = len(self.waiting)
@@ -54,6 +57,9 @@ class Trail(UnifiedScheduler):
         if not 0 <= c <= 1:
             raise ValueError(f"trail: c must be in [0, 1], got {c}")
         self.c = c
+
+    def options(self) -> dict:
+        return {"c": self.c}
 
     def _remaining(self, st: ReplayState):
         out, n, arrival = st.output, st.n, st.arrival

@@ -65,10 +65,17 @@ class UnifiedParams:
 
 
 class UnifiedScheduler(Policy):
+    #: whether an admission pattern's keys order this scheduler (`OrderedScheduler`)
+    ranks_by_keys = True
+
     def __init__(self, name: str, params: UnifiedParams):
         super().__init__()
         self.name = name
         self.params = params
+
+    def options(self) -> dict:
+        """The constructor's options beyond the parameters (subclasses with their own knobs)."""
+        return {}
 
     def with_params(self, **changes) -> "UnifiedScheduler":
         return UnifiedScheduler(self.name, replace(self.params, **changes))
@@ -191,7 +198,7 @@ class UnifiedScheduler(Policy):
             else:
                 room = min(C - tok, P - ptok)
                 c = min(remaining, room) if p.chunked else remaining
-                if c < 1 or c > room:
+                if c < 1 or c > room or (tokens and not self._rides_along(st, i, c, tokens)):
                     if not running:
                         admit_open = False
                     continue
@@ -239,6 +246,11 @@ class UnifiedScheduler(Policy):
             self.waiting = [w for w in self.waiting if w[1] not in drop]
         return Batch(tokens, tuple(evicted))
 
+    def _rides_along(self, st: ReplayState, i: int, c: int, ahead: dict[int, int]) -> bool:
+        """Whether request i's prefill chunk of c tokens joins a batch that already holds the
+        higher-priority requests `ahead` (every preset: always; a subclass may keep chunks out)."""
+        return True
+
     def _future_fits(self, st: ReplayState, tokens: dict, gone: set, new: int, c: int, budget: int) -> bool:
         """MC-SF's admission test with chunked prefill: with `new` admitted (chunk c now), does the
         KV of every running request stay within M at each future batch? A request with S = I + n
@@ -284,10 +296,16 @@ class OrderedScheduler(UnifiedScheduler):
     """A unified preset whose ranking (admission, and for rank-i the running order) is a given key
     per request, smallest first, and that admits no request before its `hold` batch (its position
     in the schedule; none: at once) unless nothing else could run: how the solver turns a Lagrangian
-    solution or a perturbed admission pattern into a schedule."""
+    solution or a perturbed admission pattern into a schedule. A base with its own order
+    (`ranks_by_keys` false, e.g. srpt) keeps it and takes only the holds."""
+
+    def __new__(cls, base: UnifiedScheduler, keys, hold=None):
+        if cls is OrderedScheduler and type(base) is not UnifiedScheduler:
+            cls = _ordered_class(type(base))
+        return super().__new__(cls)
 
     def __init__(self, base: UnifiedScheduler, keys, hold=None):
-        super().__init__(f"{base.name}[ordered]", base.params)
+        super().__init__(f"{base.name}[ordered]", base.params, **base.options())
         self.keys = [float(k) for k in keys]
         self.hold = None if hold is None else [float(h) for h in hold]
 
@@ -296,7 +314,8 @@ class OrderedScheduler(UnifiedScheduler):
         for what in (self.keys, self.hold):
             if what is not None and len(what) != len(instance):
                 raise ValueError(f"{len(what)} keys or holds for {len(instance)} requests")
-        self._rank = [(0, k, i) for i, k in enumerate(self.keys)]
+        if self.ranks_by_keys:
+            self._rank = [(0, k, i) for i, k in enumerate(self.keys)]
         self.batches_made = 0
 
     def next_batch(self, st: ReplayState) -> Batch:
@@ -309,3 +328,13 @@ class OrderedScheduler(UnifiedScheduler):
             batch = super().next_batch(st)
         self.batches_made += 1
         return batch
+
+
+_ORDERED: dict[type, type] = {}
+
+
+def _ordered_class(base: type) -> type:
+    """OrderedScheduler over a subclass of UnifiedScheduler (its order and rules, the pattern's holds)."""
+    if base not in _ORDERED:
+        _ORDERED[base] = type(f"Ordered{base.__name__}", (OrderedScheduler, base), {})
+    return _ORDERED[base]

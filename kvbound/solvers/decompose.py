@@ -31,7 +31,7 @@ from ..schedulers.unified import OrderedScheduler, UnifiedScheduler
 from ..workload import Instance
 
 #: the unified presets whose admission order the search permutes
-ORDERED_BASES = ("sjf-mc", "rank-i")
+ORDERED_BASES = ("sjf-mc", "rank-i", "srpt")
 #: Lagrangian passes between two rounds of pattern moves, and the moves in a round
 PASSES_PER_ROUND = 5
 ROUND_MOVES = 8
@@ -70,7 +70,11 @@ class Pattern:
         keys = self.keys.copy()
         hold = None if self.hold is None else self.hold.copy()
         i = rng.randrange(len(keys))
-        move = rng.randrange(3) if hold is not None else 0
+        if not self.base.ranks_by_keys:  # the base keeps its own order: only holds move
+            hold = np.zeros(len(keys)) if hold is None else hold
+            move = rng.randrange(1, 3)
+        else:
+            move = rng.randrange(3) if hold is not None else 0
         if move == 0:
             keys[i] = keys[rng.randrange(len(keys))] + rng.choice((-0.5, 0.5))
         elif move == 1:
