@@ -477,3 +477,53 @@ def test_max_running_caps_every_unified_preset():
         validate(inst, result.schedule)
         assert max(len(b.tokens) for b in result.schedule.batches) == 1, spec
         assert result.replay.metrics.evictions == 0
+
+
+# ------------------------------------------------------------------ srpt
+
+def _srpt_case():
+    # A (I = 1, O = 2) at 0; B (I = 8, O = 1) arrives at 0.5 while A runs its first batch.
+    # 1 s intercept, 0.5 s a token, C = P = 8
+    return Instance((Request(1, 2), Request(8, 1, 0.5)), SystemConfig(64, 8, 8, 1), CostModel(intercept=1.0, per_token=0.5))
+
+
+def test_srpt_keeps_a_long_prefill_out_of_a_short_requests_last_decode():
+    # B's prefill (4 s of work) would slow A's last decode (1.5 s alone) by 4 s to save B 1.5 s of
+    # waiting: srpt runs A's decode alone (A done at 3 s, B at 8 s: mean 5.25, the optimum); the
+    # budget-filling presets mix B's chunk in (A done at 6.5 s: mean 7)
+    inst = _srpt_case()
+    res = run_scheduler(inst, "srpt")
+    assert [b.tokens for b in res.schedule.batches] == [{0: 1}, {0: 1}, {1: 8}]
+    assert res.replay.metrics.mean_latency == pytest.approx(5.25)
+    assert brute_force(inst, "mean_latency").value == pytest.approx(5.25)
+    for name in ("rank-i", "sjf-mc", "sarathi-pc"):
+        assert run_scheduler(inst, name).replay.metrics.mean_latency == pytest.approx(7.0), name
+    # a large enough ratio lets the chunk ride along as rank-i does
+    assert run_scheduler(inst, "srpt:ratio=10").replay.metrics.mean_latency == pytest.approx(7.0)
+
+
+def test_srpt_option_is_checked():
+    with pytest.raises(InputError, match="ratio"):
+        get_scheduler("srpt:ratio=-1")
+    with pytest.raises(InputError, match="ratio"):
+        get_scheduler("srpt:rate=1")
+
+
+def test_ordered_srpt_takes_the_patterns_holds_and_keeps_its_own_order():
+    from kvbound.schedulers.srpt import Srpt
+    from kvbound.schedulers.unified import OrderedScheduler
+
+    # C = 2: one prompt a batch. The keys put request 0 (8 tokens to generate) first; srpt the
+    # shortest, request 2 (request 1 is as short but held until batch 4)
+    inst = Instance((Request(2, 8), Request(2, 3), Request(2, 3)), SystemConfig(64, 2, 2, 1), CostModel(intercept=1.0))
+    base = get_scheduler("srpt:ratio=2")
+    ordered = OrderedScheduler(base, [0, 1, 2], [0, 4, 0])
+    assert isinstance(ordered, Srpt) and ordered.ratio == 2 and not ordered.ranks_by_keys
+    res = simulate(inst, ordered)
+    validate(inst, res.schedule)
+    first = {}
+    for j, b in enumerate(res.schedule.batches):
+        for i in b.tokens:
+            first.setdefault(i, j)
+    assert first[1] == 4  # held until batch 4
+    assert first[2] == 0 and first[0] == 1

@@ -115,7 +115,7 @@ SCHEDULERS.update({name: desc for name, (_, desc) in _OTHER.items()})
 
 #: the fast heuristics a solver warm-starts from by default (each is cheap on small cases)
 FAST_HEURISTICS = ("vllm", "vllm-ef", "sarathi-pc", "sarathi-pc-ef", "sarathi", "sarathi-ef", "rank-i", "evict-short", "mcsf",
-                   "mcsf-pc", "sarathi-pc-mc", "sjf-mc", "spt-waves", "srpt")
+                   "mcsf-pc", "sarathi-pc-mc", "sjf-mc", "spt-waves", "srpt", "srpt:ratio=2")
 
 
 def _bad_option(where: str, problem: str) -> InputError:
