@@ -94,7 +94,8 @@ _UNIFIED.update({
     "srpt": (SRPT_PARAMS,
              "shortest remaining time alone first (intercepts + work; hypothetical: knows O), running and waiting; "
              "decodes always join a batch, a lower-priority prefill chunk only while the delay it causes the requests "
-             "ahead is at most ratio x their remaining time (ratio = 1; larger mixes more); chunked, P = C"),
+             "ahead is at most ratio x what leaving it out costs (its wait for them, and the intercepts of its own "
+             "batches for the rest); ratio = 1, larger mixes more; chunked, P = C"),
 })
 #: option names that are another name of a UnifiedParams field, per preset
 _ALIASES = {"vllm-v1": {"max_num_seqs": "max_running", "max_num_batched_tokens": "token_limit"}}
