@@ -150,6 +150,22 @@ def test_auto_searches_until_the_time_limit_where_the_model_is_too_large(monkeyp
     assert res.stats["patterns_simulated"] >= 1
 
 
+def test_search_leaves_the_lagrangian_where_arrivals_make_it_useless():
+    # the conv-like requests arriving 50 ms apart: the Lagrangian (which sees no arrival times)
+    # prices every completion from 0, far below the analytic bound, so the search stops it after
+    # its first pass and spends the time on schedules; no Lagrangian value is reported
+    base = conv_like()
+    inst = Instance(tuple(Request(r.prompt, r.output, 0.05 * k) for k, r in enumerate(base.requests)), base.system,
+                    base.cost)
+    res = solve(inst, "mean_latency", time_limit=2.0, formulation="lagrangian")
+    assert res.status == "feasible" and res.seconds >= 1.5
+    first = LagrangianBound(inst, "mean_latency", 100).price(np.zeros(100)).value
+    assert first < 0.5 * res.analytic_bound
+    assert res.stats["lagrangian_passes"] == 1 and res.stats["lagrangian_bound"] is None
+    assert res.lower_bound == res.analytic_bound
+    assert res.stats["patterns_simulated"] >= 8
+
+
 def test_bound_command_reports_the_lagrangian_bound_where_no_model_fits(monkeypatch):
     from kvbound.solvers.options import SolveOptions
     from kvbound.solvers.relaxation import lower_bounds
