@@ -238,15 +238,15 @@ def solve_with(instance: Instance, options: SolveOptions, deadline: Deadline | N
     least the derived one. `deadline` (default: `options.time_limit` from now) bounds the whole call.
     """
     deadline = deadline if deadline is not None else Deadline(options.time_limit)
-    objective, constraints = options.objective, options.constraints
+    objective = options.objective
     backend = _lookup(BACKENDS, options.backend, "solver")
     if options.formulation not in ("auto", SEARCH):
         _lookup(FORMULATION_KINDS, options.formulation, "formulation")
     analytic = max(b.value for b in analytic_bounds(instance, objective))
     progress.report(phase="heuristics", analytic=analytic)
     # the heuristics get half of the time at most: the solver needs the rest
-    cands = heuristic_candidates(instance, list(options.warm_start or ()), constraints, deadline.share(HEURISTIC_SHARE),
-                                 deadline)
+    cands = heuristic_candidates(instance, list(options.warm_start or ()), options.constraints,
+                                 deadline.share(HEURISTIC_SHARE), deadline)
     best = min(cands, key=lambda c: objective.of(c.metrics)) if cands else None
     # the horizon comes from the best schedule of all candidates (they meet the constraints)
     ub = objective.of(best.metrics) if best else None
@@ -256,87 +256,141 @@ def solve_with(instance: Instance, options: SolveOptions, deadline: Deadline | N
     kind = _pick_formulation(instance, options, ub)
     if best is None and deadline.expired():  # stopped before any schedule: the analytic bound stands
         return _stopped_result(instance, options, backend, kind, analytic, deadline)
-    J, certified, why = _horizon(instance, options, kind, ub)
-    if best is not None:
-        prefix = best.schedule
-        if stops_at_first_tokens(objective, constraints):
-            prefix = Schedule(instance.requests, first_token_prefix(instance, best.schedule.batches))
-        J = max(J, kind.batches_needed(prefix))
-    tick = _tick_for(instance, J) if backend.integer_ticks else None
-    size = kind.size(instance, J)
-    cap = constraints.objective_cap
-    warm_name, build_seconds, form, scale, lagrangian = None, 0.0, None, 1.0, -math.inf
+    plan = _plan(instance, options, backend, kind, best)
+    cap = options.constraints.objective_cap
     proven = ub is not None and cap is None and ub - analytic <= REL_TOL * max(abs(ub), 1e-12)
     if proven and options.skip_proven and not options.export:
         # a heuristic schedule meets a certified analytic bound (valid under any constraints): it is
         # optimal, and a model could add nothing but time and memory
-        out = BackendOutcome("unknown", None, None, -math.inf, 0.0, None,
-                             {"skipped": "the best heuristic schedule meets the analytic bound: optimal without a model"})
+        attempt = _Attempt.without_model(skipped="the best heuristic schedule meets the analytic bound: optimal without a model")
     elif best is not None and not options.export and (options.formulation == SEARCH or (
-            options.formulation == "auto" and (size > MODEL_LIMIT or (kind.name == "bigm" and size > AUTO_BIGM_LIMIT)))):
-        # no model (too large, or not asked for): the Lagrangian bound and the pattern search use the time
-        progress.report(phase=SEARCH)
-        found = search(instance, objective, constraints, best.schedule, ub, deadline, trajectory, satisfies,
-                       known_bound=analytic if cap is None else -math.inf)
-        if found.schedule is not None:
-            cands = cands + [Candidate(found.name, found.schedule, found.metrics)]
-        if bound_above(found.bound, min(objective.of(c.metrics) for c in cands), REL_TOL):
-            # above a validated schedule: a bug in the bound; never report it
-            warnings.warn(f"the Lagrangian bound {found.bound:.9g} is above a validated schedule; discarded",
-                          RuntimeWarning, stacklevel=2)
-            found.bound = -math.inf
-        lagrangian = found.bound
-        why_not = "" if options.formulation == SEARCH else \
-            f"the {kind.name} model would have ~{size:,} variables (auto's limit {min(MODEL_LIMIT, AUTO_BIGM_LIMIT) if kind.name == 'bigm' else MODEL_LIMIT:,}); "
-        out = BackendOutcome("unknown", None, None, -math.inf, 0.0, None,
-                             {"search": why_not + "Lagrangian bound and admission-pattern search", **found.stats,
-                              "lagrangian_bound": found.bound if math.isfinite(found.bound) else None})
-    elif size > MODEL_LIMIT and not options.export:
+            options.formulation == "auto" and (plan.size > MODEL_LIMIT or (kind.name == "bigm" and plan.size > AUTO_BIGM_LIMIT)))):
+        attempt = _search(instance, options, plan, best, cands, analytic, deadline, trajectory)
+        cands = cands + attempt.found
+    elif plan.size > MODEL_LIMIT and not options.export:
         # no solver could take it here: the best heuristic schedule and the analytic bounds stand
-        out = BackendOutcome("unknown", None, None, -math.inf, 0.0, None,
-                             {"skipped": f"the {kind.name} model would have ~{size:,} variables (limit {MODEL_LIMIT:,})"})
+        attempt = _Attempt.without_model(skipped=f"the {kind.name} model would have ~{plan.size:,} variables (limit {MODEL_LIMIT:,})")
     else:
-        try:
-            progress.report(phase="model")
-            t_build = time.perf_counter()
-            with deadline.enforced():  # building cannot ask the deadline: it is cut short when it passes
-                form = kind.build(instance, objective, J, constraints, tick=tick)
-                arrays = form.model.finalize()
-            build_seconds = time.perf_counter() - t_build
-            if options.export:
-                export_model(arrays, form, options.export)
-            warm_x = None
-            if best is not None and options.warm_start and (cap is None or ub <= cap * (1 + 1e-12)):
-                warm_x, warm_name = form.warm_start(best.schedule), best.name
-                bad = arrays.check(warm_x)
-                if bad:  # a formulation bug: say so instead of silently starting cold
-                    raise RuntimeError(f"warm start from {best.name} violates the {form.name} model: {bad[0]}")
-            scale = form.objective_scale()
-            progress.report(phase=backend.name, scale=scale, bound_certified=certified)
-            out = backend.run(arrays, max(0.5, deadline.remaining()), warm_x, verbose=options.verbose)
-        except Stopped as stop:  # the model build (or the CBC model) was cut short: the heuristics stand
-            build_seconds = time.perf_counter() - t_build if form is None else build_seconds
-            out = BackendOutcome("unknown", None, None, -math.inf, 0.0, None, {"stopped": f"{stop.reason} before the solver ran"})
+        attempt = _solve_model(instance, options, backend, plan, best, deadline)
     with interrupt.deferred():  # what is known is reported, whatever comes now
         # the Lagrangian bound holds at any horizon, as the analytic ones do
-        result = _result(instance, options, backend, kind, form, out, cands, max(analytic, lagrangian), certified, why,
-                         J, tick, size, scale, warm_name, build_seconds, deadline)
+        result = _result(instance, options, backend, plan, attempt, cands, max(analytic, attempt.lagrangian), deadline)
         result.analytic_bound = analytic
         trajectory.record(best=result.objective, bound=result.lower_bound)
         result.trajectory = trajectory.points
-        if "search" in out.stats:
+        if "search" in attempt.out.stats:
             result.formulation = SEARCH
         return result
 
 
 #: the part of the time limit the warm-start heuristics may use (they stop at it; the solver gets the rest)
 HEURISTIC_SHARE = 0.5
+#: how many of the best heuristic schedules seed the admission-pattern search
+SEARCH_SEEDS = 3
 
 
-def _result(instance, options, backend, kind, form, out, cands, analytic, certified, why, J, tick, size, scale,
-            warm_name, build_seconds, deadline) -> Result:
+@dataclass
+class _Plan:
+    """The model a solve would build: its kind, horizon (and whether the bound is certified at
+    it, and why that horizon), CP-SAT's time tick and its size in variables."""
+
+    kind: FormulationKind
+    J: int
+    certified: bool
+    why: str
+    tick: float | None
+    size: int
+
+
+def _plan(instance: Instance, options: SolveOptions, backend, kind: FormulationKind, best: Candidate | None) -> _Plan:
+    ub = options.objective.of(best.metrics) if best else None
+    J, certified, why = _horizon(instance, options, kind, ub)
+    if best is not None:
+        prefix = best.schedule
+        if stops_at_first_tokens(options.objective, options.constraints):
+            prefix = Schedule(instance.requests, first_token_prefix(instance, best.schedule.batches))
+        J = max(J, kind.batches_needed(prefix))
+    tick = _tick_for(instance, J) if backend.integer_ticks else None
+    return _Plan(kind, J, certified, why, tick, kind.size(instance, J))
+
+
+@dataclass
+class _Attempt:
+    """What the model (or the search instead of one) produced: the backend's outcome, the model
+    and its objective scale, the warm start it took, and the search's schedules and bound."""
+
+    out: BackendOutcome
+    form: object = None
+    scale: float = 1.0
+    warm_name: str | None = None
+    build_seconds: float = 0.0
+    lagrangian: float = -math.inf
+    found: list = field(default_factory=list)
+
+    @classmethod
+    def without_model(cls, **stats) -> "_Attempt":
+        return cls(BackendOutcome("unknown", None, None, -math.inf, 0.0, None, stats))
+
+
+def _search(instance, options, plan: _Plan, best: Candidate, cands, analytic: float, deadline: Deadline,
+            trajectory: Trajectory) -> _Attempt:
+    """No model (too large, or not asked for): the Lagrangian bound and the pattern search use the time."""
+    objective, cap = options.objective, options.constraints.objective_cap
+    progress.report(phase=SEARCH)
+    # the runners-up (by value, other heuristics) seed the search's patterns too
+    others = tuple(c.schedule for c in sorted(cands, key=lambda c: objective.of(c.metrics)) if c is not best)
+    found = search(instance, objective, options.constraints, best.schedule, objective.of(best.metrics), deadline,
+                   trajectory, satisfies, known_bound=analytic if cap is None else -math.inf,
+                   others=others[:SEARCH_SEEDS - 1])
+    extra = [Candidate(found.name, found.schedule, found.metrics)] if found.schedule is not None else []
+    if bound_above(found.bound, min(objective.of(c.metrics) for c in cands + extra), REL_TOL):
+        # above a validated schedule: a bug in the bound; never report it
+        warnings.warn(f"the Lagrangian bound {found.bound:.9g} is above a validated schedule; discarded",
+                      RuntimeWarning, stacklevel=3)
+        found.bound = -math.inf
+    kind, size = plan.kind, plan.size
+    why_not = "" if options.formulation == SEARCH else \
+        f"the {kind.name} model would have ~{size:,} variables (auto's limit {min(MODEL_LIMIT, AUTO_BIGM_LIMIT) if kind.name == 'bigm' else MODEL_LIMIT:,}); "
+    attempt = _Attempt.without_model(search=why_not + "Lagrangian bound and admission-pattern search", **found.stats,
+                                     lagrangian_bound=found.bound if math.isfinite(found.bound) else None)
+    attempt.lagrangian, attempt.found = found.bound, extra
+    return attempt
+
+
+def _solve_model(instance, options, backend, plan: _Plan, best: Candidate | None, deadline: Deadline) -> _Attempt:
+    """Build the model, warm-start it from the best heuristic schedule and run the backend."""
+    objective, cap = options.objective, options.constraints.objective_cap
+    attempt = _Attempt(BackendOutcome("unknown", None, None, -math.inf, 0.0, None, {}))
+    t_build = time.perf_counter()
+    try:
+        progress.report(phase="model")
+        with deadline.enforced():  # building cannot ask the deadline: it is cut short when it passes
+            attempt.form = form = plan.kind.build(instance, objective, plan.J, options.constraints, tick=plan.tick)
+            arrays = form.model.finalize()
+        attempt.build_seconds = time.perf_counter() - t_build
+        if options.export:
+            export_model(arrays, form, options.export)
+        warm_x = None
+        if best is not None and options.warm_start and (cap is None or objective.of(best.metrics) <= cap * (1 + 1e-12)):
+            warm_x, attempt.warm_name = form.warm_start(best.schedule), best.name
+            bad = arrays.check(warm_x)
+            if bad:  # a formulation bug: say so instead of silently starting cold
+                raise RuntimeError(f"warm start from {best.name} violates the {form.name} model: {bad[0]}")
+        attempt.scale = form.objective_scale()
+        progress.report(phase=backend.name, scale=attempt.scale, bound_certified=plan.certified)
+        attempt.out = backend.run(arrays, max(0.5, deadline.remaining()), warm_x, verbose=options.verbose)
+    except Stopped as stop:  # the model build (or the CBC model) was cut short: the heuristics stand
+        if attempt.form is None:
+            attempt.build_seconds = time.perf_counter() - t_build
+        attempt.out = BackendOutcome("unknown", None, None, -math.inf, 0.0, None, {"stopped": f"{stop.reason} before the solver ran"})
+    return attempt
+
+
+def _result(instance, options, backend, plan: _Plan, attempt: _Attempt, cands, analytic: float,
+            deadline: Deadline) -> Result:
     """The solver's schedule, re-evaluated exactly, against the heuristics'; the certified bound; the status."""
     objective, constraints, cap = options.objective, options.constraints, options.constraints.objective_cap
+    out, form, certified = attempt.out, attempt.form, plan.certified
     schedules: list[Candidate] = []
     if out.x is not None:
         sched = form.extract(out.x)  # None: a first-token prefix that cannot be completed without evicting
@@ -345,7 +399,7 @@ def _result(instance, options, backend, kind, form, out, cands, analytic, certif
     schedules += [c for c in cands if cap is None or objective.of(c.metrics) <= cap * (1 + 1e-12)]
     chosen = min(schedules, key=lambda c: objective.of(c.metrics)) if schedules else None
     value = objective.of(chosen.metrics) if chosen else None
-    solver_bound = out.bound / scale if math.isfinite(out.bound) else out.bound
+    solver_bound = out.bound / attempt.scale if math.isfinite(out.bound) else out.bound
     discarded = None
     if value is not None and bound_above(solver_bound, value, REL_TOL):
         # a validated schedule beats the solver's "lower bound": a solver or formulation bug. Never
@@ -366,14 +420,14 @@ def _result(instance, options, backend, kind, form, out, cands, analytic, certif
     message = _message(status, value, lower, gap, certified, out)
     status, message = _if_interrupted(status, message)
     return Result(
-        status, objective, value, lower, certified, gap, backend.name, kind.name, deadline.elapsed(),
+        status, objective, value, lower, certified, gap, backend.name, plan.kind.name, deadline.elapsed(),
         chosen.schedule if chosen else None, chosen.metrics if chosen else None, chosen.name if chosen else "",
         message=message,
-        horizon=J, horizon_reason=why, warm_start=warm_name, warm_start_accepted=out.warm_start_accepted,
-        build_seconds=build_seconds, backend_seconds=out.seconds, backend_status=out.status,
+        horizon=plan.J, horizon_reason=plan.why, warm_start=attempt.warm_name, warm_start_accepted=out.warm_start_accepted,
+        build_seconds=attempt.build_seconds, backend_seconds=out.seconds, backend_status=out.status,
         solver_bound=solver_bound, analytic_bound=analytic,
         conditional_bound=None if certified else solver_bound, bound_discarded=discarded,
-        model=form.info if form else {"variables": size}, tick=tick, constraints=tuple(constraints.describe()),
+        model=form.info if form else {"variables": plan.size}, tick=plan.tick, constraints=tuple(constraints.describe()),
         formulation_requested=options.formulation, backend_stats=dict(out.stats))
 
 

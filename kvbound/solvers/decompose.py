@@ -90,24 +90,27 @@ class Pattern:
 
 def search(instance: Instance, objective: Objective, constraints: Constraints, start: Schedule, start_value: float,
            deadline: Deadline, trajectory: "Trajectory", satisfies, known_bound: float = -math.inf,
-           seed: int = 0) -> SearchOutcome:
+           seed: int = 0, others: tuple[Schedule, ...] = ()) -> SearchOutcome:
     """Improve the bound and the schedule until `deadline`, or until a schedule meets the bound (the
     Lagrangian one or `known_bound`, a certified one from elsewhere); `trajectory` gets (seconds,
     best, bound) points as they improve (`Trajectory`); `satisfies(instance, schedule, constraints)`
-    filters schedules."""
+    filters schedules. The admission patterns of `start` and of `others` (more good schedules)
+    seed the search."""
     t0 = time.perf_counter()
     rng = random.Random(seed)
     best = SearchOutcome(-math.inf, None, None, start_value, "")
     bases = [p for p in (get_scheduler(b) for b in ORDERED_BASES) if isinstance(p, UnifiedScheduler)]
     tried = simulated = 0
     cap = constraints.objective_cap
-    admitted = admission_keys(start, len(instance))
     # moves start from the best pattern simulated so far, even while its schedule is worse than
     # the start schedule (which no pattern may reproduce exactly)
     incumbent, incumbent_value = None, math.inf
+    # and the best pattern whose order is its keys (sjf-mc, rank-i): every other move starts there,
+    # so that an srpt incumbent (whose moves only shift holds) does not take every move
+    keyed, keyed_value = None, math.inf
 
     def consider(pattern: Pattern, name: str) -> None:
-        nonlocal simulated, tried, incumbent, incumbent_value
+        nonlocal simulated, tried, incumbent, incumbent_value, keyed, keyed_value
         tried += 1
         try:
             with deadline.enforced():
@@ -120,6 +123,8 @@ def search(instance: Instance, objective: Objective, constraints: Constraints, s
             return
         if value < incumbent_value:
             incumbent, incumbent_value = pattern, value
+        if pattern.base.ranks_by_keys and value < keyed_value:
+            keyed, keyed_value = pattern, value
         if value < best.value * (1 - 1e-12):
             metrics = validate(instance, res.schedule).metrics  # the one validator's numbers
             checked = objective.of(metrics)
@@ -136,9 +141,11 @@ def search(instance: Instance, objective: Objective, constraints: Constraints, s
         passes = lagrangian.iterate(start_value)
     n_pass = 0
     try:
-        for base in bases:  # the best schedule's own pattern, with and without its admission batches
-            consider(Pattern(admitted, admitted.copy(), base), "pattern")
-            consider(Pattern(admitted, None, base), "pattern")
+        for schedule in (start, *others):  # good schedules' own patterns, with and without their admission batches
+            admitted = admission_keys(schedule, len(instance))
+            for base in bases:
+                consider(Pattern(admitted, admitted.copy(), base), "pattern")
+                consider(Pattern(admitted, None, base), "pattern")
         while not deadline.expired():
             if passes is not None:
                 pricing = None
@@ -167,10 +174,11 @@ def search(instance: Instance, objective: Objective, constraints: Constraints, s
                             consider(pattern, name)
             if max(best.bound, known_bound) >= best.value * (1 - 1e-9):
                 break  # proven optimal
-            for _ in range(ROUND_MOVES if incumbent is not None else 0):  # moves from the best pattern so far
+            for move in range(ROUND_MOVES if incumbent is not None else 0):  # moves from the best patterns so far
                 if deadline.expired():
                     break
-                consider(incumbent.moved(rng, len(start.batches)), "pattern")
+                source = keyed if move % 2 and keyed is not None else incumbent
+                consider(source.moved(rng, len(start.batches)), "pattern")
             if incumbent is None and passes is None:
                 break  # no pattern can be simulated (every preset refuses the case)
     except Stopped:
