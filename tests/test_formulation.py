@@ -444,3 +444,28 @@ def test_pairwise_work_waits_see_a_prefill_arriving_during_another():
     # the first prefills are the whole work here: the same for TTFT
     ttft = {b.name: b.value for b in analytic_bounds(inst, "mean_ttft")}
     assert ttft["each first prefill alone + pairwise prefill waits"] == pytest.approx(4.0)
+
+
+def test_shortest_remaining_time_first_on_one_machine():
+    from kvbound.formulation.bounds import _srpt_total_completion
+
+    # A (10 s) at 0 is preempted by B (2 s) at 1: B done at 3, A at 12; a job never waits idle
+    assert _srpt_total_completion(np.array([0.0, 1.0]), np.array([10.0, 2.0])) == 15.0
+    assert _srpt_total_completion(np.array([0.0, 5.0]), np.array([1.0, 1.0])) == 7.0
+    assert _srpt_total_completion(np.array([0.0, 0.0, 0.0]), np.array([3.0, 1.0, 2.0])) == 10.0
+
+
+def test_one_machine_bound_counts_the_backlog_of_a_burst():
+    # three 4-token prompts in M = 7 (no two fit together once one has its first token), the first
+    # with two tokens to generate: 1 s intercept, 0.25 s a token. Their shares keep one machine busy
+    # past the later arrivals, which the shares from each arrival time alone do not count; found by
+    # a random search over such cases and checked against the brute-force optimum
+    reqs = (Request(4, 2), Request(4, 1, 2.0), Request(4, 1, 1.0))
+    inst = Instance(reqs, SystemConfig(7, 8, 8, 1), CostModel(intercept=1.0, per_token=0.25))
+    bounds = {b.name: b.value for b in analytic_bounds(inst, "mean_latency")}
+    machine = bounds.pop("one machine, shortest remaining share first")
+    assert machine == pytest.approx(49 / 12)
+    assert machine > max(bounds.values()) + 0.3
+    assert machine <= brute_force(inst, "mean_latency").value == pytest.approx(4.25)
+    offline = Instance(tuple(Request(r.prompt, r.output) for r in reqs), inst.system, inst.cost)
+    assert not any(b.name.startswith("one machine") for b in analytic_bounds(offline, "mean_latency"))

@@ -16,6 +16,7 @@ Analytic bounds (docs/formulation.md, "Bounds"):
 """
 from __future__ import annotations
 
+import heapq
 import math
 import time
 from dataclasses import dataclass
@@ -147,11 +148,81 @@ def analytic_bounds(instance: Instance, objective: str) -> list[Bound]:
         out.append(Bound("k-th completion >= k smallest capacity shares + work" if not first else
                          "k-th first token >= k smallest capacity shares + prefill work",
                          float(ordered.sum() - instance.arrivals.sum()) / len(instance), time.perf_counter() - t0))
+        if (instance.arrivals > instance.arrivals.min()).any():  # all at once it is the shares bound above
+            out.append(Bound("one machine, shortest remaining share first" if not first else
+                             "one machine, shortest remaining prefill share first",
+                             float(one_machine_completions(instance, first) - instance.arrivals.sum()) / len(instance),
+                             time.perf_counter() - t0))
         waits = pairwise_work_waits(instance, first)
         out.append(Bound("each request alone + pairwise work waits" if not first else
                          "each first prefill alone + pairwise prefill waits", alone + waits / len(instance),
                          time.perf_counter() - t0))
     return out
+
+
+def one_machine_completions(instance: Instance, first_token: bool = False, steps: int = 11) -> float:
+    """A lower bound on the sum of completion (first-token) times: one preemptive machine with arrivals.
+
+    Give request r in each batch it generates a token in the share k0 (lam kv / M + (1 - lam)
+    tokens / C) plus its work there (kv: the KV it holds, or its dual-feasible weight): the shares
+    of one batch add up to at most k0 + its work, at most the batch's time. So every schedule is a
+    preemptive schedule of one unit-speed machine on which request r, released at a_r, is processed
+    for at least its total share p_r (`completion_order_bounds`' shares) before C_r; the sum of
+    the C_r is at least that machine's optimum, which shortest-remaining-processing-time first
+    attains. Unlike the shares from each arrival time, this counts the backlog a burst leaves. The
+    largest over lam and the dual-feasible functions counts.
+    """
+    cost = instance.cost
+    share_parts, work, tokens, capacity_tokens = _shares(instance, first_token)
+    order = np.argsort(instance.arrivals, kind="stable")
+    arrivals = instance.arrivals[order]
+    best = -math.inf
+    for kv_share in share_parts:
+        for lam in np.linspace(0.0, 1.0, steps):
+            p = cost.intercept * (lam * kv_share + (1 - lam) * tokens / capacity_tokens) + work
+            best = max(best, _srpt_total_completion(arrivals, p[order]))
+    return best
+
+
+def _srpt_total_completion(arrivals: np.ndarray, sizes: np.ndarray) -> float:
+    """The sum of completion times of shortest remaining processing time first on one unit-speed
+    machine (preemptive; jobs sorted by arrival), the optimum of 1 | r_j, pmtn | sum C_j."""
+    heap: list[float] = []
+    t = total = 0.0
+    k, n = 0, len(sizes)
+    while k < n or heap:
+        if not heap:
+            t = max(t, float(arrivals[k]))
+        while k < n and arrivals[k] <= t:
+            heapq.heappush(heap, float(sizes[k]))
+            k += 1
+        left = heapq.heappop(heap)
+        nxt = float(arrivals[k]) if k < n else math.inf
+        if t + left <= nxt:
+            t += left
+            total += t
+        else:  # the next arrival comes first: run until then and compare again
+            heapq.heappush(heap, left - (nxt - t))
+            t = nxt
+    return total
+
+
+def _shares(instance: Instance, first_token: bool):
+    """([kv share per request: area / M and each dual-feasible weight], work, tokens, token capacity)
+    of `completion_order_bounds` and `one_machine_completions`."""
+    s, cost = instance.system, instance.cost
+    reqs = instance.requests
+    if first_token:
+        tokens = instance.prompts.astype(float)
+        capacity_tokens = min(s.max_batch_tokens, s.max_prefill_tokens)
+        work = cost.per_token * tokens + cost.prefill_attention * tokens ** 2 + cost.per_prefill_request
+    else:
+        tokens = np.array([r.peak_kv for r in reqs], dtype=float)
+        capacity_tokens = s.max_batch_tokens
+        work = np.array([request_minimum_work(r, cost) for r in reqs])
+    items, owner = kv_items(instance, first_token)
+    kv_shares = [np.bincount(owner, items / s.kv_capacity, len(reqs)), *kv_weights(instance, first_token).T]
+    return kv_shares, work, tokens, capacity_tokens
 
 
 def pairwise_work_waits(instance: Instance, first_token: bool = False) -> float:
@@ -246,20 +317,10 @@ def completion_order_bounds(instance: Instance, first_token: bool = False, steps
     """
     s, cost = instance.system, instance.cost
     reqs = instance.requests
-    prompts = instance.prompts.astype(np.int64)
-    if first_token:
-        tokens = prompts.astype(float)
-        capacity_tokens = min(s.max_batch_tokens, s.max_prefill_tokens)
-        work = cost.per_token * tokens + cost.prefill_attention * tokens ** 2 + cost.per_prefill_request
-    else:
-        tokens = np.array([r.peak_kv for r in reqs], dtype=float)
-        capacity_tokens = s.max_batch_tokens
-        work = np.array([request_minimum_work(r, cost) for r in reqs])
     best = np.sort(instance.arrivals + np.array([own_time_lower_bound(instance, i, first_token) for i in range(len(reqs))]))
     # a request's share of the KV capacity: its area (the sum of its items) / M, or the items'
     # dual-feasible weights
-    items, owner = kv_items(instance, first_token)
-    kv_shares = [np.bincount(owner, items / s.kv_capacity, len(reqs)), *kv_weights(instance, first_token).T]
+    kv_shares, work, tokens, capacity_tokens = _shares(instance, first_token)
     arrivals = instance.arrivals
     for t in release_times(arrivals):
         # of the k requests done first, at least k - (those arriving before t) arrive at t or later
