@@ -179,15 +179,39 @@ def test_bound_command_reports_the_lagrangian_bound_where_no_model_fits(monkeypa
     assert not any(b.name.startswith("LP relaxation") for b in bounds)
 
 
-def test_solve_json_has_the_trajectory(cli, tmp_path):
-    # the conv-like case (not proven by the heuristics), written as a case file
-    inst = conv_like()
+def write_case(inst: Instance, path):
+    """A conv-like instance as a case file (arrival times included)."""
     lines = ["[system]", f"kv_capacity = {inst.system.kv_capacity}", "max_batch_tokens = 256", "[cost]",
              "intercept = 0.004", "per_token = 2e-5", "decode_kv = 2e-7", "prefill_attention = 5e-10"]
     for r in inst.requests:
-        lines += ["[[requests]]", f"prompt = {r.prompt}", f"output = {r.output}"]
-    case = tmp_path / "c.toml"
-    case.write_text("\n".join(lines) + "\n")
+        lines += ["[[requests]]", f"prompt = {r.prompt}", f"output = {r.output}", f"arrival = {r.arrival!r}"]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_bound_json_says_null_where_the_lagrangian_kept_no_bound(cli, tmp_path):
+    # arrivals 50 ms apart (the search drops the Lagrangian) and total latency (it has none): the
+    # row stays, its value is null (strict JSON: no Infinity) and the text output says why
+    base = conv_like()
+    inst = Instance(tuple(Request(r.prompt, r.output, 0.05 * k) for k, r in enumerate(base.requests)), base.system,
+                    base.cost)
+    case = write_case(inst, tmp_path / "arrivals.toml")
+    for objective, why in (("mean_latency", "first pass was below half"), ("total_latency", "none for total latency")):
+        rc, out, _ = cli("bound", str(case), "--objective", objective, "--formulation", "lagrangian",
+                         "--time-limit", "2", "--json")
+        assert rc == 0
+        data = json.loads(out, parse_constant=lambda c: pytest.fail(f"not JSON: {c}"))
+        row = [b for b in data["bounds"] if b["name"].startswith("Lagrangian")]
+        assert len(row) == 1 and row[0]["value"] is None and why in row[0]["note"], (objective, row)
+        assert data["best"] > 0
+        rc, out, _ = cli("bound", str(case), "--objective", objective, "--formulation", "lagrangian", "--time-limit", "2")
+        assert rc == 0 and "-inf" not in out and why in out
+
+
+def test_solve_json_has_the_trajectory(cli, tmp_path):
+    # the conv-like case (not proven by the heuristics), written as a case file
+    inst = conv_like()
+    case = write_case(inst, tmp_path / "c.toml")
     rc, out, _ = cli("solve", str(case), "--objective", "mean_latency", "--formulation", "lagrangian",
                      "--time-limit", "2", "--json")
     assert rc == 0

@@ -141,6 +141,9 @@ def cmd_bound(args) -> int:
     print(f"{instance.name or args.case}: lower bounds on {objective}")
     width = max(len(b.name) for b in bounds)
     for b in bounds:
+        if not math.isfinite(b.value):  # none computed: say why instead of printing -inf
+            print(f"  {b.name:<{width}}  none  [{b.seconds:.2f} s]  ({b.note})")
+            continue
         tag = "" if b.certified else "  (conditional)"
         print(f"  {b.name:<{width}}  {_fmt(b.value)} s  [{b.seconds:.2f} s]{tag}")
     print(f"  best certified bound: {_fmt(best)} s; best known schedule: {_fmt(res.objective)} s")

@@ -80,7 +80,9 @@ class Bound:
     note: str = ""
 
     def to_json(self) -> dict:
-        return {"name": self.name, "value": self.value, "seconds": self.seconds, "certified": self.certified,
+        # JSON has no infinity: a bound that could not be computed is null
+        return {"name": self.name, "value": self.value if math.isfinite(self.value) else None,
+                "seconds": self.seconds, "certified": self.certified,
                 "note": self.note}
 
 
