@@ -350,3 +350,23 @@ def test_bad_options_exit_2_with_one_error_line(cli, case, tmp_path, argv):
     path = case()
     argv = [a.format(case=path, missing=tmp_path / "missing.toml") for a in argv]
     assert_one_error_line(*cli(*argv))
+
+
+def test_json_stdout_is_only_json_whatever_the_solver_prints(tmp_path):
+    # in a real process, where native code writes to file descriptor 1 (highspy 1.16 prints its
+    # banner when a Highs object is made): stdout must still parse as one JSON document
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    case = tmp_path / "fig15.toml"
+    case.write_text(FIG15)
+    for solver in ("highs", "cpsat", "cbc"):
+        proc = subprocess.run([sys.executable, "-m", "kvbound.cli", "solve", str(case), "--solver", solver,
+                               "--formulation", "bigm", "--time-limit", "20", "--json"], capture_output=True, text=True,
+                              cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        data = json.loads(proc.stdout)
+        assert data["status"] == "optimal" and data["solver"] == solver

@@ -6,6 +6,7 @@ All bounds are in model units (seconds, or ticks for the integer-scaled CP-SAT m
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import math
 import os
 import re
@@ -55,6 +56,24 @@ CPSAT_WORKERS = 8
 
 # ------------------------------------------------------------------------- HiGHS
 
+@contextlib.contextmanager
+def _stdout_to_stderr():
+    """Send what native code writes to file descriptor 1 to 2 meanwhile: `--json` keeps stdout for the JSON."""
+    sys.stdout.flush()
+    try:
+        saved = os.dup(1)
+    except OSError:  # no stdout at all: nothing to protect
+        yield
+        return
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        ctypes.CDLL(None).fflush(None)  # the C library's buffered stdout, written while redirected
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def solve_highs(arrays: ModelArrays, time_limit: float, warm: np.ndarray | None, *, relax: bool = False,
                 verbose: bool = False, gap: float = 1e-9, presolve: bool = True) -> BackendOutcome:
     """HiGHS on the arrays. A MIP solve whose bound ends above the (feasible) warm start is
@@ -63,7 +82,8 @@ def solve_highs(arrays: ModelArrays, time_limit: float, warm: np.ndarray | None,
     import highspy
 
     deadline = Deadline(time_limit)
-    h = highspy.Highs()
+    with _stdout_to_stderr():  # highspy 1.16 prints its banner when constructed, before any option
+        h = highspy.Highs()
     h.setOptionValue("output_flag", bool(verbose))
     if not presolve:
         h.setOptionValue("presolve", "off")
