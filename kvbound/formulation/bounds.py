@@ -146,14 +146,15 @@ def analytic_bounds(instance: Instance, objective: str) -> list[Bound]:
         alone = sum(own_time_lower_bound(instance, i, first) for i in range(len(instance))) / len(instance)
         out.append(Bound("mean first prefill of each request alone" if first else "mean of each request alone", alone,
                          time.perf_counter() - t0))
-        ordered = completion_order_bounds(instance, first)
+        shares = _shares(instance, first)  # the dual-feasible weights are the costly part: computed once
+        ordered = completion_order_bounds(instance, first, shares=shares)
         out.append(Bound("k-th completion >= k smallest capacity shares + work" if not first else
                          "k-th first token >= k smallest capacity shares + prefill work",
                          float(ordered.sum() - instance.arrivals.sum()) / len(instance), time.perf_counter() - t0))
         if (instance.arrivals > instance.arrivals.min()).any():  # all at once it is the shares bound above
             out.append(Bound("one machine, shortest remaining share first" if not first else
                              "one machine, shortest remaining prefill share first",
-                             float(one_machine_completions(instance, first) - instance.arrivals.sum()) / len(instance),
+                             float(one_machine_completions(instance, first, shares=shares) - instance.arrivals.sum()) / len(instance),
                              time.perf_counter() - t0))
         waits = pairwise_work_waits(instance, first)
         out.append(Bound("each request alone + pairwise work waits" if not first else
@@ -162,7 +163,7 @@ def analytic_bounds(instance: Instance, objective: str) -> list[Bound]:
     return out
 
 
-def one_machine_completions(instance: Instance, first_token: bool = False, steps: int = 11) -> float:
+def one_machine_completions(instance: Instance, first_token: bool = False, steps: int = 11, shares=None) -> float:
     """A lower bound on the sum of completion (first-token) times: one preemptive machine with arrivals.
 
     Give request r in each batch it generates a token in the share k0 (lam kv / M + (1 - lam)
@@ -175,7 +176,7 @@ def one_machine_completions(instance: Instance, first_token: bool = False, steps
     largest over lam and the dual-feasible functions counts.
     """
     cost = instance.cost
-    share_parts, work, tokens, capacity_tokens = _shares(instance, first_token)
+    share_parts, work, tokens, capacity_tokens = shares or _shares(instance, first_token)
     order = np.argsort(instance.arrivals, kind="stable")
     arrivals = instance.arrivals[order]
     best = -math.inf
@@ -211,7 +212,7 @@ def _srpt_total_completion(arrivals: np.ndarray, sizes: np.ndarray) -> float:
 
 def _shares(instance: Instance, first_token: bool):
     """([kv share per request: area / M and each dual-feasible weight], work, tokens, token capacity)
-    of `completion_order_bounds` and `one_machine_completions`."""
+    of `completion_order_bounds` and `one_machine_completions` (their `shares`)."""
     s, cost = instance.system, instance.cost
     reqs = instance.requests
     if first_token:
@@ -299,7 +300,7 @@ def release_times(arrivals: np.ndarray) -> np.ndarray:
     return times
 
 
-def completion_order_bounds(instance: Instance, first_token: bool = False, steps: int = 11) -> np.ndarray:
+def completion_order_bounds(instance: Instance, first_token: bool = False, steps: int = 11, shares=None) -> np.ndarray:
     """Lower bounds on the k-th smallest completion (first-token) time, k = 1..N.
 
     The k requests done first, a set S, have together used the KV capacity for their whole area
@@ -322,7 +323,7 @@ def completion_order_bounds(instance: Instance, first_token: bool = False, steps
     best = np.sort(instance.arrivals + np.array([own_time_lower_bound(instance, i, first_token) for i in range(len(reqs))]))
     # a request's share of the KV capacity: its area (the sum of its items) / M, or the items'
     # dual-feasible weights
-    kv_shares, work, tokens, capacity_tokens = _shares(instance, first_token)
+    kv_shares, work, tokens, capacity_tokens = shares or _shares(instance, first_token)
     arrivals = instance.arrivals
     for t in release_times(arrivals):
         # of the k requests done first, at least k - (those arriving before t) arrive at t or later

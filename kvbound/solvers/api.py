@@ -329,7 +329,12 @@ class _Attempt:
 
     @classmethod
     def without_model(cls, **stats) -> "_Attempt":
-        return cls(BackendOutcome("unknown", None, None, -math.inf, 0.0, None, stats))
+        return cls(_no_outcome(**stats))
+
+
+def _no_outcome(**stats) -> BackendOutcome:
+    """No backend ran (or none finished): no solution, no bound; `stats` say why."""
+    return BackendOutcome("unknown", None, None, -math.inf, 0.0, None, stats)
 
 
 def _search(instance, options, plan: _Plan, best: Candidate, cands, analytic: float, deadline: Deadline,
@@ -360,7 +365,7 @@ def _search(instance, options, plan: _Plan, best: Candidate, cands, analytic: fl
 def _solve_model(instance, options, backend, plan: _Plan, best: Candidate | None, deadline: Deadline) -> _Attempt:
     """Build the model, warm-start it from the best heuristic schedule and run the backend."""
     objective, cap = options.objective, options.constraints.objective_cap
-    attempt = _Attempt(BackendOutcome("unknown", None, None, -math.inf, 0.0, None, {}))
+    attempt = _Attempt(_no_outcome())
     t_build = time.perf_counter()
     try:
         progress.report(phase="model")
@@ -382,7 +387,7 @@ def _solve_model(instance, options, backend, plan: _Plan, best: Candidate | None
     except Stopped as stop:  # the model build (or the CBC model) was cut short: the heuristics stand
         if attempt.form is None:
             attempt.build_seconds = time.perf_counter() - t_build
-        attempt.out = BackendOutcome("unknown", None, None, -math.inf, 0.0, None, {"stopped": f"{stop.reason} before the solver ran"})
+        attempt.out = _no_outcome(stopped=f"{stop.reason} before the solver ran")
     return attempt
 
 
