@@ -31,7 +31,7 @@ from ..schedulers.unified import OrderedScheduler, UnifiedScheduler
 from ..workload import Instance
 
 #: the unified presets whose admission order the search permutes
-ORDERED_BASES = ("sjf-mc", "rank-i", "srpt", "srpt:ratio=2")
+ORDERED_BASES = ("sjf-mc", "rank-i", "srpt", "srpt:ratio=2", "sjf-mc:prefill_limit=512")
 #: the Lagrangian stops after its first pass (zero multipliers) if that is below this share of the
 #: analytic bound: with arrivals spread out (which it does not see) it stays far below, often
 #: negative (30 Splitwise code requests with their arrival times: -18 s against 0.16 s)
