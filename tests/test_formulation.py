@@ -12,6 +12,7 @@
 """
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -444,6 +445,45 @@ def test_pairwise_work_waits_see_a_prefill_arriving_during_another():
     # the first prefills are the whole work here: the same for TTFT
     ttft = {b.name: b.value for b in analytic_bounds(inst, "mean_ttft")}
     assert ttft["each first prefill alone + pairwise prefill waits"] == pytest.approx(4.0)
+
+
+def test_pairwise_work_waits_count_the_tokens_a_request_cannot_have_reached():
+    # r0 (1 prompt token, 4 to generate) at 0: alone its tokens come at 1.25, 2.75, 4.5 and 6.5 s
+    # (1 s intercept, 0.25 s a token, 0.25 s a cached token read). r1 (4 prompt tokens, work 1 s)
+    # arrives at 2.75 s, when r0 has at most 2 tokens: token 4's batch (work 0.25 + 3 x 0.25 = 1 s)
+    # starts later. W_r0 - 2.75 s is below 0, but r1 waits for that 1 s or r0 for r1's 1 s
+    from kvbound.formulation.bounds import pairwise_work_waits
+
+    cost = CostModel(intercept=1.0, per_token=0.25, decode_kv=0.25)
+    inst = Instance((Request(1, 4), Request(4, 1, 2.75)), SystemConfig(64, 8, 8, 1), cost)
+    assert pairwise_work_waits(inst) == pytest.approx(1.0)
+    bounds = {b.name: b.value for b in analytic_bounds(inst, "mean_latency")}
+    assert bounds["each request alone + pairwise work waits"] == pytest.approx((6.5 + 2.0 + 1.0) / 2)
+    assert brute_force(inst, "mean_latency").value >= 4.75
+
+
+def _pairwise_by_remaining_time(inst) -> float:
+    """The pair terms with W_r - (a_q - a_r) alone: what the token count adds to is at least this."""
+    from kvbound.formulation.bounds import request_minimum_work
+
+    work = [request_minimum_work(r, inst.cost) for r in inst.requests]
+    total = 0.0
+    for r, q in itertools.permutations(range(len(inst)), 2):
+        a_r, a_q = inst.requests[r].arrival, inst.requests[q].arrival
+        if (a_r, r) < (a_q, q):
+            total += min(max(0.0, work[r] - (a_q - a_r)), work[q])
+    return total
+
+
+@settings(max_examples=150, deadline=None)
+@given(inst=instances(min_requests=2, max_requests=3, max_prompt=3, max_output=4, arrivals=True))
+def test_pairwise_work_waits_with_arrivals_never_exceed_the_brute_force_optimum(inst):
+    from kvbound.formulation.bounds import pairwise_work_waits
+
+    waits = pairwise_work_waits(inst)
+    assert waits >= _pairwise_by_remaining_time(inst) * (1 - 1e-12) - 1e-12
+    alone = sum(own_time_lower_bound(inst, i) for i in range(len(inst)))
+    assert (alone + waits) / len(inst) <= brute_force(inst, "mean_latency").value * (1 + 1e-9) + 1e-12
 
 
 def test_shortest_remaining_time_first_on_one_machine():

@@ -235,28 +235,62 @@ def pairwise_work_waits(instance: Instance, first_token: bool = False) -> float:
     own batches and work (`own_time_lower_bound`) plus the work of other requests processed in
     that window (work, unlike an intercept, belongs to one request, so these add up). Of two
     requests r and q with a_r <= a_q, whichever finishes last has waited for work of the other: if
-    q does, for r's work after a_q, at least W_r - (a_q - a_r) (at most a_q - a_r of it is done
-    before a_q; of a batch running at a_q, q waits for the rest, which the requests in it share
-    out without counting any time twice); if r does, for all of W_q. So the pair adds at least
-    min(max(0, W_r - (a_q - a_r)), W_q). For TTFT the same holds with each request's first prefill
-    work and its first token. docs/formulation.md, "Bounds".
+    r does, for all of W_q; if q does, for r's work after a_q, `_work_left_after`: at least
+    W_r - (a_q - a_r) (at most a_q - a_r of it is done before a_q; of a batch running at a_q, q
+    waits for the rest, which the requests in it share out without counting any time twice), and at
+    least the work of the tokens r cannot have reached by then. So the pair adds at least
+    min(r's work left at a_q, W_q). For TTFT the same holds with each request's first prefill work
+    and its first token. docs/formulation.md, "Bounds".
     """
     cost = instance.cost
-    if first_token:
-        prompts = instance.prompts.astype(float)
-        work = cost.per_token * prompts + cost.prefill_attention * prompts ** 2 + cost.per_prefill_request
-    else:
-        work = np.array([request_minimum_work(r, cost) for r in instance.requests])
     order = np.argsort(instance.arrivals, kind="stable")
-    arrivals, work = instance.arrivals[order], work[order]
-    # pairs further apart than W_r add nothing: each row only looks that far ahead
-    reach = np.searchsorted(arrivals, arrivals + work, side="left")
+    arrivals = instance.arrivals[order]
+    if first_token:
+        prompts = instance.prompts.astype(float)[order]
+        work = cost.per_token * prompts + cost.prefill_attention * prompts ** 2 + cost.per_prefill_request
+        reach = np.searchsorted(arrivals, arrivals + work, side="left")  # pairs further apart add nothing
+        steps = None
+    else:
+        steps = [_token_steps(instance, int(i)) for i in order]
+        work = np.array([float(w.sum()) for _, w in steps])
+        reach = np.searchsorted(arrivals, arrivals + np.array([t[-1] for t, _ in steps]), side="left")
     total = 0.0
     for k in range(len(order) - 1):
         later = slice(k + 1, max(k + 1, int(reach[k])))
-        left = work[k] - (arrivals[later] - arrivals[k])
-        total += float(np.minimum(np.maximum(left, 0.0), work[later]).sum())
+        gap = arrivals[later] - arrivals[k]
+        left = np.maximum(work[k] - gap, 0.0)
+        if steps is not None:
+            left = np.maximum(left, _work_left_after(*steps[k], gap))
+        total += float(np.minimum(left, work[later]).sum())
     return total
+
+
+def _token_steps(instance: Instance, i: int) -> tuple[np.ndarray, np.ndarray]:
+    """Request i alone: (the least time from its arrival to its n-th token, n = 1..O; the least work
+    of each token: the first prefill's for the first, `request_minimum_work`'s term for the others).
+
+    Token n >= 2 needs a batch of its own after token n - 1 (a decode, or the last chunk of a
+    refill whose earlier chunks run in between), at least the intercept plus that work."""
+    r, cost = instance.requests[i], instance.cost
+    m = r.prompt + np.arange(2, r.output + 1) - 2.0  # cached before token k >= 2
+    later = cost.per_token + np.minimum(cost.decode_kv * m, cost.per_token * m + cost.prefill_attention * m * m
+                                        + cost.per_prefill_request)
+    first = cost.per_token * r.prompt + cost.prefill_attention * r.prompt ** 2 + cost.per_prefill_request
+    work = np.r_[first, later]
+    times = own_time_lower_bound(instance, i, first_token=True) + np.r_[0.0, np.cumsum(cost.intercept + later)]
+    return times, work
+
+
+def _work_left_after(times: np.ndarray, work: np.ndarray, gap: np.ndarray) -> np.ndarray:
+    """A request's work still to come `gap` seconds after its arrival, for every gap. If it has n
+    tokens by then (n <= g, the tokens it reaches alone within the gap, `times`), the batches of
+    tokens n + 2 .. O start later, and of token n + 1's work at most the time since its n-th token
+    (at least times[n - 1] after its arrival; 0 for n = 0) is done. n = g leaves the least."""
+    reached = np.searchsorted(times, gap, side="right")  # g
+    suffix = np.r_[np.cumsum(work[::-1])[::-1], 0.0, 0.0]  # suffix[k]: the work of tokens k + 1 .. O
+    since = gap - np.r_[0.0, times][reached]  # time since token g
+    started = np.r_[work, 0.0][reached]  # token g + 1's work (0 once all are reached)
+    return suffix[np.minimum(reached + 1, len(work))] + np.maximum(started - since, 0.0)
 
 
 def release_bound(instance: Instance) -> tuple[float, float]:
