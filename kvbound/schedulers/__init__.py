@@ -116,8 +116,8 @@ SCHEDULERS.update({name: desc for name, (_, desc) in _OTHER.items()})
 
 #: the fast heuristics a solver warm-starts from by default (each is cheap on small cases); sjf-mc
 #: with its prefill chunks cut to 512 or 1,024 tokens keeps the batches that decodes share short,
-#: which wins on prefill-heavy traces (Splitwise code, all at 0: 2.9-8.5% below the rest at 30-300
-#: requests; bench/results/NOTES.md)
+#: which wins on prefill-heavy traces (Splitwise code all at 0: 2.9-8.5% below the rest on 4 of the 6
+#: cases of 30-300 requests; bench/results/NOTES.md)
 FAST_HEURISTICS = ("vllm", "vllm-ef", "sarathi-pc", "sarathi-pc-ef", "sarathi", "sarathi-ef", "rank-i", "evict-short", "mcsf",
                    "mcsf-pc", "sarathi-pc-mc", "sjf-mc", "spt-waves", "srpt", "srpt:ratio=2", "sjf-mc:prefill_limit=512",
                    "sjf-mc:prefill_limit=1024")
