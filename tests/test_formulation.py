@@ -486,13 +486,34 @@ def test_pairwise_work_waits_with_arrivals_never_exceed_the_brute_force_optimum(
     assert (alone + waits) / len(inst) <= brute_force(inst, "mean_latency").value * (1 + 1e-9) + 1e-12
 
 
+def test_one_machine_bound_takes_each_request_s_own_time_too():
+    # M = 6 holds r0 (I = 4, O = 3) or r2 (I = 2, O = 2) with one more token, r1 (I = 4, O = 2)
+    # arrives at 3 s; 1 s intercept, 0.25 s a token. The machine's k-th completion (SRPT on the
+    # shares) and the k-th smallest arrival + own time (2.75, 4.5, 6.25 s) are each below what the
+    # k-th request needs; their larger one, paired in order, gives 17.5 s where either gives at most
+    # 16, and the bound is the largest one, still below the brute-force optimum
+    from kvbound.formulation.bounds import one_machine_completions
+
+    inst = Instance((Request(4, 3), Request(4, 2, 3.0), Request(2, 2)), SystemConfig(6, 8, 8, 1),
+                    CostModel(intercept=1.0, per_token=0.25))
+    own = np.array([own_time_lower_bound(inst, i) for i in range(3)])
+    assert (inst.arrivals + own).tolist() == [4.5, 6.25, 2.75]
+    assert one_machine_completions(inst, own=np.full(3, -np.inf)) == pytest.approx(16.0)
+    assert one_machine_completions(inst) == pytest.approx(17.5)
+    bounds = {b.name: b.value for b in analytic_bounds(inst, "mean_latency")}
+    machine = bounds.pop("one machine, shortest remaining share first, and each request alone")
+    assert machine == pytest.approx((17.5 - 3.0) / 3)
+    assert machine > max(bounds.values()) + 0.4
+    assert machine <= brute_force(inst, "mean_latency").value
+
+
 def test_shortest_remaining_time_first_on_one_machine():
-    from kvbound.formulation.bounds import _srpt_total_completion
+    from kvbound.formulation.bounds import _srpt_completions
 
     # A (10 s) at 0 is preempted by B (2 s) at 1: B done at 3, A at 12; a job never waits idle
-    assert _srpt_total_completion(np.array([0.0, 1.0]), np.array([10.0, 2.0])) == 15.0
-    assert _srpt_total_completion(np.array([0.0, 5.0]), np.array([1.0, 1.0])) == 7.0
-    assert _srpt_total_completion(np.array([0.0, 0.0, 0.0]), np.array([3.0, 1.0, 2.0])) == 10.0
+    assert _srpt_completions(np.array([0.0, 1.0]), np.array([10.0, 2.0])).tolist() == [3.0, 12.0]
+    assert _srpt_completions(np.array([0.0, 5.0]), np.array([1.0, 1.0])).tolist() == [1.0, 6.0]
+    assert _srpt_completions(np.array([0.0, 0.0, 0.0]), np.array([3.0, 1.0, 2.0])).tolist() == [1.0, 3.0, 6.0]
 
 
 def test_one_machine_bound_counts_the_backlog_of_a_burst():
@@ -503,7 +524,7 @@ def test_one_machine_bound_counts_the_backlog_of_a_burst():
     reqs = (Request(4, 2), Request(4, 1, 2.0), Request(4, 1, 1.0))
     inst = Instance(reqs, SystemConfig(7, 8, 8, 1), CostModel(intercept=1.0, per_token=0.25))
     bounds = {b.name: b.value for b in analytic_bounds(inst, "mean_latency")}
-    machine = bounds.pop("one machine, shortest remaining share first")
+    machine = bounds.pop("one machine, shortest remaining share first, and each request alone")
     assert machine == pytest.approx(49 / 12)
     assert machine > max(bounds.values()) + 0.3
     assert machine <= brute_force(inst, "mean_latency").value == pytest.approx(4.25)

@@ -143,7 +143,8 @@ def analytic_bounds(instance: Instance, objective: str) -> list[Bound]:
                              time.perf_counter() - t0, note=f"t = {t:.6g} s"))
     else:
         first = objective.first_token
-        alone = sum(own_time_lower_bound(instance, i, first) for i in range(len(instance))) / len(instance)
+        own = np.array([own_time_lower_bound(instance, i, first) for i in range(len(instance))])
+        alone = float(own.sum()) / len(instance)
         out.append(Bound("mean first prefill of each request alone" if first else "mean of each request alone", alone,
                          time.perf_counter() - t0))
         shares = _shares(instance, first)  # the dual-feasible weights are the costly part: computed once
@@ -152,9 +153,10 @@ def analytic_bounds(instance: Instance, objective: str) -> list[Bound]:
                          "k-th first token >= k smallest capacity shares + prefill work",
                          float(ordered.sum() - instance.arrivals.sum()) / len(instance), time.perf_counter() - t0))
         if (instance.arrivals > instance.arrivals.min()).any():  # all at once it is the shares bound above
-            out.append(Bound("one machine, shortest remaining share first" if not first else
-                             "one machine, shortest remaining prefill share first",
-                             float(one_machine_completions(instance, first, shares=shares) - instance.arrivals.sum()) / len(instance),
+            out.append(Bound("one machine, shortest remaining share first, and each request alone" if not first else
+                             "one machine, shortest remaining prefill share first, and each prefill alone",
+                             float(one_machine_completions(instance, first, shares=shares, own=own)
+                                   - instance.arrivals.sum()) / len(instance),
                              time.perf_counter() - t0))
         waits = pairwise_work_waits(instance, first)
         out.append(Bound("each request alone + pairwise work waits" if not first else
@@ -163,35 +165,43 @@ def analytic_bounds(instance: Instance, objective: str) -> list[Bound]:
     return out
 
 
-def one_machine_completions(instance: Instance, first_token: bool = False, steps: int = 11, shares=None) -> float:
+def one_machine_completions(instance: Instance, first_token: bool = False, steps: int = 11, shares=None,
+                            own: np.ndarray | None = None) -> float:
     """A lower bound on the sum of completion (first-token) times: one preemptive machine with arrivals.
 
     Give request r in each batch it generates a token in the share k0 (lam kv / M + (1 - lam)
     tokens / C) plus its work there (kv: the KV it holds, or its dual-feasible weight): the shares
     of one batch add up to at most k0 + its work, at most the batch's time. So every schedule is a
     preemptive schedule of one unit-speed machine on which request r, released at a_r, is processed
-    for at least its total share p_r (`completion_order_bounds`' shares) before C_r; the sum of
-    the C_r is at least that machine's optimum, which shortest-remaining-processing-time first
-    attains. Unlike the shares from each arrival time, this counts the backlog a burst leaves. The
-    largest over lam and the dual-feasible functions counts.
+    for at least its total share p_r (`completion_order_bounds`' shares) by some M_r <= C_r.
+    Shortest-remaining-processing-time first completes the most jobs by every time, so its k-th
+    completion S_(k) is at most M_(k); and C_r >= e_r = a_r + r's own time (`own`). Pairing sorted
+    with sorted minimises a sum of maxima, so sum_r C_r >= sum_k max(S_(k), e_(k)): the machine's
+    backlog after a burst and each request's least span together. The largest over lam and the
+    dual-feasible functions counts.
     """
     cost = instance.cost
     share_parts, work, tokens, capacity_tokens = shares or _shares(instance, first_token)
+    if own is None:
+        own = np.array([own_time_lower_bound(instance, i, first_token) for i in range(len(instance))])
+    spans = np.sort(instance.arrivals + own)
     order = np.argsort(instance.arrivals, kind="stable")
     arrivals = instance.arrivals[order]
     best = -math.inf
     for kv_share in share_parts:
         for lam in np.linspace(0.0, 1.0, steps):
             p = cost.intercept * (lam * kv_share + (1 - lam) * tokens / capacity_tokens) + work
-            best = max(best, _srpt_total_completion(arrivals, p[order]))
+            best = max(best, float(np.maximum(_srpt_completions(arrivals, p[order]), spans).sum()))
     return best
 
 
-def _srpt_total_completion(arrivals: np.ndarray, sizes: np.ndarray) -> float:
-    """The sum of completion times of shortest remaining processing time first on one unit-speed
-    machine (preemptive; jobs sorted by arrival), the optimum of 1 | r_j, pmtn | sum C_j."""
+def _srpt_completions(arrivals: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """The completion times, ascending, of shortest remaining processing time first on one unit-speed
+    machine (preemptive; jobs sorted by arrival): the optimum of 1 | r_j, pmtn | sum C_j, and at
+    every time the most jobs completed (so each k-th completion is the earliest possible)."""
     heap: list[float] = []
-    t = total = 0.0
+    t = 0.0
+    done: list[float] = []
     k, n = 0, len(sizes)
     while k < n or heap:
         if not heap:
@@ -203,11 +213,11 @@ def _srpt_total_completion(arrivals: np.ndarray, sizes: np.ndarray) -> float:
         nxt = float(arrivals[k]) if k < n else math.inf
         if t + left <= nxt:
             t += left
-            total += t
+            done.append(t)
         else:  # the next arrival comes first: run until then and compare again
             heapq.heappush(heap, left - (nxt - t))
             t = nxt
-    return total
+    return np.array(done)
 
 
 def _shares(instance: Instance, first_token: bool):
