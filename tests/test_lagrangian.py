@@ -179,6 +179,46 @@ def test_bound_command_reports_the_lagrangian_bound_where_no_model_fits(monkeypa
     assert not any(b.name.startswith("LP relaxation") for b in bounds)
 
 
+def test_bound_command_computes_the_analytic_bounds_once(monkeypatch):
+    # lower_bounds lists them and hands their largest to solve_with, which computed them again before
+    from kvbound.formulation import bounds as bounds_module
+    from kvbound.solvers import relaxation
+    from kvbound.solvers.options import SolveOptions
+
+    calls = []
+
+    def counted(instance, objective):
+        calls.append(objective)
+        return bounds_module.analytic_bounds(instance, objective)
+
+    monkeypatch.setattr(relaxation, "analytic_bounds", counted)
+    monkeypatch.setattr(api, "analytic_bounds", counted)
+    monkeypatch.setattr(api, "MODEL_LIMIT", 10)
+    bounds, res = relaxation.lower_bounds(conv_like(), SolveOptions("mean_latency", time_limit=1.0))
+    assert len(calls) == 1
+    assert res.analytic_bound == max(b.value for b in bounds if not b.name.startswith("Lagrangian"))
+
+
+def test_search_seeds_the_same_schedule_once():
+    # the start schedule given three times (as srpt at ratio 1 and 2 can give one schedule twice): its
+    # pattern is tried once per base, with and without its admission batches; a known bound equal to
+    # its value ends the search right after the seeds
+    from kvbound.deadline import Deadline
+    from kvbound.formulation.base import Constraints
+    from kvbound.objective import Objective
+    from kvbound.schedulers import run_scheduler
+    from kvbound.solvers import decompose
+
+    inst = conv_like()
+    start = run_scheduler(inst, "sjf-mc")
+    value = start.replay.metrics.total_latency
+    deadline = Deadline(30)
+    found = decompose.search(inst, Objective.parse("total_latency"), Constraints(), start.schedule, value, deadline,
+                             decompose.Trajectory(deadline), lambda *_: True, known_bound=value,
+                             others=(start.schedule, start.schedule))
+    assert found.stats["patterns_tried"] == 2 * len(decompose.ORDERED_BASES)
+
+
 def write_case(inst: Instance, path):
     """A conv-like instance as a case file (arrival times included)."""
     lines = ["[system]", f"kv_capacity = {inst.system.kv_capacity}", "max_batch_tokens = 256", "[cost]",

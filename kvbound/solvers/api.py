@@ -230,19 +230,23 @@ def solve(instance: Instance, objective: str = "total_latency", backend: str = "
     return solve_with(instance, options, deadline)
 
 
-def solve_with(instance: Instance, options: SolveOptions, deadline: Deadline | None = None) -> Result:
+def solve_with(instance: Instance, options: SolveOptions, deadline: Deadline | None = None,
+               analytic: float | None = None) -> Result:
     """Best schedule and lower bound for `options.objective`; see the module docstring.
 
     `options.warm_start` names heuristics (the best valid one seeds the solver), or None.
     `options.horizon` overrides the batch count J; the bound is then certified only if J is at
     least the derived one. `deadline` (default: `options.time_limit` from now) bounds the whole call.
+    `analytic`: the largest of `analytic_bounds(instance, options.objective)` where the caller has
+    it already (computed here otherwise).
     """
     deadline = deadline if deadline is not None else Deadline(options.time_limit)
     objective = options.objective
     backend = _lookup(BACKENDS, options.backend, "solver")
     if options.formulation not in ("auto", SEARCH):
         _lookup(FORMULATION_KINDS, options.formulation, "formulation")
-    analytic = max(b.value for b in analytic_bounds(instance, objective))
+    if analytic is None:
+        analytic = max(b.value for b in analytic_bounds(instance, objective))
     progress.report(phase="heuristics", analytic=analytic)
     # the heuristics get half of the time at most: the solver needs the rest
     cands = heuristic_candidates(instance, list(options.warm_start or ()), options.constraints,

@@ -141,8 +141,12 @@ def search(instance: Instance, objective: Objective, constraints: Constraints, s
         passes = lagrangian.iterate(start_value)
     n_pass = 0
     try:
+        seeds = set()  # two heuristics may give the same schedule (srpt at ratio 1 and 2): one pattern
         for schedule in (start, *others):  # good schedules' own patterns, with and without their admission batches
             admitted = admission_keys(schedule, len(instance))
+            if admitted.tobytes() in seeds:
+                continue
+            seeds.add(admitted.tobytes())
             for base in bases:
                 consider(Pattern(admitted, admitted.copy(), base), "pattern")
                 consider(Pattern(admitted, None, base), "pattern")

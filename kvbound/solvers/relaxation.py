@@ -43,7 +43,7 @@ def lower_bounds(instance: Instance, options: SolveOptions, deadline: Deadline |
     the LP's horizon needs). The MILP gets half of the time, the LP what is left."""
     deadline = deadline if deadline is not None else Deadline(options.time_limit)
     bounds = list(analytic_bounds(instance, options.objective))
-    res = solve_with(instance, options, deadline.share(0.5))
+    res = solve_with(instance, options, deadline.share(0.5), analytic=max(b.value for b in bounds))
     if "search" in res.stats:  # no model fitted: the search's Lagrangian bound stands for the MILP's
         value, passes = res.stats.get("lagrangian_bound"), res.stats["lagrangian_passes"]
         if value is not None:
