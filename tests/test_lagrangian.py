@@ -199,6 +199,28 @@ def test_bound_command_computes_the_analytic_bounds_once(monkeypatch):
     assert res.analytic_bound == max(b.value for b in bounds if not b.name.startswith("Lagrangian"))
 
 
+def test_a_lagrangian_bound_above_a_schedule_is_discarded_and_said_so(monkeypatch):
+    # a (broken) search reporting a bound above its own schedule: solve warns, reports the analytic
+    # bound, and kvbound bound's Lagrangian row has no value and says why
+    from kvbound.solvers.options import SolveOptions
+    from kvbound.solvers.relaxation import lower_bounds
+
+    real = api.search
+
+    def broken(*args, **kwargs):
+        found = real(*args, **kwargs)
+        found.bound = 1e9
+        return found
+
+    monkeypatch.setattr(api, "search", broken)
+    monkeypatch.setattr(api, "MODEL_LIMIT", 10)
+    with pytest.warns(RuntimeWarning, match="above a validated schedule"):
+        bounds, res = lower_bounds(conv_like(), SolveOptions("mean_latency", time_limit=1.0))
+    assert res.lower_bound == res.analytic_bound < res.objective
+    row = [b for b in bounds if b.name.startswith("Lagrangian")]
+    assert len(row) == 1 and row[0].value == -math.inf and "above a validated schedule" in row[0].note
+
+
 def test_search_seeds_the_same_schedule_once():
     # the start schedule given three times (as srpt at ratio 1 and 2 can give one schedule twice): its
     # pattern is tried once per base, with and without its admission batches; a known bound equal to

@@ -357,6 +357,7 @@ def _search(instance, options, plan: _Plan, best: Candidate, cands, analytic: fl
         warnings.warn(f"the Lagrangian bound {found.bound:.9g} is above a validated schedule; discarded",
                       RuntimeWarning, stacklevel=3)
         found.bound = -math.inf
+        found.stats["lagrangian_note"] = "none kept: it was above a validated schedule (discarded)"
     kind, size = plan.kind, plan.size
     why_not = "" if options.formulation == SEARCH else \
         f"the {kind.name} model would have ~{size:,} variables (auto's limit {min(MODEL_LIMIT, AUTO_BIGM_LIMIT) if kind.name == 'bigm' else MODEL_LIMIT:,}); "

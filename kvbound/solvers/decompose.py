@@ -136,6 +136,7 @@ def search(instance: Instance, objective: Objective, constraints: Constraints, s
                 lagrangian.target = checked  # Polyak steps aim at the best value known
 
     passes = lagrangian = None
+    why_none = "none for total latency" if not objective.is_mean else "none: no pass finished in time"
     if objective.is_mean:
         lagrangian = LagrangianBound(instance, objective, max(1, int(1.1 * len(start.batches))))
         passes = lagrangian.iterate(start_value)
@@ -162,6 +163,7 @@ def search(instance: Instance, objective: Objective, constraints: Constraints, s
                     n_pass += 1
                     if n_pass == 1 and value < USEFUL_FIRST_PASS * known_bound:
                         passes = None  # arrivals it cannot see: the time goes to schedules instead
+                        why_none = "none kept: its first pass was below half the analytic bound (it does not see arrival times)"
                         break
                     if value > best.bound:
                         best.bound = value
@@ -188,7 +190,8 @@ def search(instance: Instance, objective: Objective, constraints: Constraints, s
     except Stopped:
         pass
     best.stats = {"lagrangian_passes": n_pass, "patterns_tried": tried, "patterns_simulated": simulated,
-                  "search_seconds": time.perf_counter() - t0}
+                  "search_seconds": time.perf_counter() - t0,
+                  "lagrangian_note": "every multiplier gives a bound" if math.isfinite(best.bound) else why_none}
     return best
 
 

@@ -46,16 +46,8 @@ def lower_bounds(instance: Instance, options: SolveOptions, deadline: Deadline |
     res = solve_with(instance, options, deadline.share(0.5), analytic=max(b.value for b in bounds))
     if "search" in res.stats:  # no model fitted: the search's Lagrangian bound stands for the MILP's
         value, passes = res.stats.get("lagrangian_bound"), res.stats["lagrangian_passes"]
-        if value is not None:
-            note = "every multiplier gives a bound"
-        elif not options.objective.is_mean:
-            note = "none for total latency"
-        elif passes:
-            note = "none kept: its first pass was below half the analytic bound (it does not see arrival times)"
-        else:
-            note = "none: no pass finished in time"
         bounds.append(Bound(f"Lagrangian ({passes} passes)", -math.inf if value is None else value,
-                            res.stats["search_seconds"], value is not None, note))
+                            res.stats["search_seconds"], value is not None, res.stats["lagrangian_note"]))
         return bounds, res
     if res.objective is not None and not deadline.expired():
         J = horizon_for(instance, options.objective, res.objective)[0]
