@@ -462,6 +462,27 @@ def test_pairwise_work_waits_count_the_tokens_a_request_cannot_have_reached():
     assert brute_force(inst, "mean_latency").value >= 4.75
 
 
+def test_pairwise_work_waits_count_the_intercepts_a_later_request_skips():
+    # r0 (1 prompt token, 3 to generate) at 0: alone its tokens come at 1.25, 2.75 and 4.5 s (1 s
+    # intercept, 0.25 s a token, 0.25 s a cached token read); r1 (4 prompt tokens, 2 to generate)
+    # arrives at 2.5 s, when r0 has at most 1 token. If r1 finishes last it waits for r0's work
+    # still to come (0.75 s of token 3) and for token 3's batch: without r1 in it that is 1 s of
+    # intercept; with r1 in it, r1 is a batch closer to done only by its whole prefill (1 s of work,
+    # which r0 waits for). If r0 finishes last it waits for r1's 2.25 s. So the pair adds
+    # min(0.75 + 1, 2.25) = 1.75 s, not the 0.75 s of the work alone
+    from kvbound.formulation.bounds import pairwise_work_waits
+
+    cost = CostModel(intercept=1.0, per_token=0.25, decode_kv=0.25)
+    inst = Instance((Request(1, 3), Request(4, 2, 2.5)), SystemConfig(64, 8, 8, 1), cost)
+    assert [own_time_lower_bound(inst, i) for i in range(2)] == [4.5, 4.25]
+    assert pairwise_work_waits(inst) == pytest.approx(1.75)
+    bounds = {b.name: b.value for b in analytic_bounds(inst, "mean_latency")}
+    pairwise = bounds.pop("each request alone + pairwise work waits")
+    assert pairwise == pytest.approx((4.5 + 4.25 + 1.75) / 2)
+    assert pairwise > max(bounds.values()) + 0.8
+    assert pairwise <= brute_force(inst, "mean_latency").value == pytest.approx(5.375)
+
+
 def _pairwise_by_remaining_time(inst) -> float:
     """The pair terms with W_r - (a_q - a_r) alone: what the token count adds to is at least this."""
     from kvbound.formulation.bounds import request_minimum_work

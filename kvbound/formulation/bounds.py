@@ -249,8 +249,11 @@ def pairwise_work_waits(instance: Instance, first_token: bool = False) -> float:
     W_r - (a_q - a_r) (at most a_q - a_r of it is done before a_q; of a batch running at a_q, q
     waits for the rest, which the requests in it share out without counting any time twice), and at
     least the work of the tokens r cannot have reached by then. So the pair adds at least
-    min(r's work left at a_q, W_q). For TTFT the same holds with each request's first prefill work
-    and its first token. docs/formulation.md, "Bounds".
+    min(r's work left at a_q, W_q). For mean latency each request q also takes, from one earlier
+    partner r (the one it adds most with), the intercepts of r's later batches it is not in
+    (`_skipped_intercepts`): those do not add up over partners, a batch may hold several. For TTFT
+    the same holds with each request's first prefill work and its first token. docs/formulation.md,
+    "Bounds".
     """
     cost = instance.cost
     order = np.argsort(instance.arrivals, kind="stable")
@@ -264,6 +267,8 @@ def pairwise_work_waits(instance: Instance, first_token: bool = False) -> float:
         steps = [_token_steps(instance, int(i)) for i in order]
         work = np.array([float(w.sum()) for _, w in steps])
         reach = np.searchsorted(arrivals, arrivals + np.array([t[-1] for t, _ in steps]), side="left")
+        least = [_least_progress_cost(instance, int(i), w) for i, (_, w) in zip(order, steps)]
+        extra = np.zeros(len(order))  # per request: what its best earlier partner adds with intercepts
     total = 0.0
     for k in range(len(order) - 1):
         later = slice(k + 1, max(k + 1, int(reach[k])))
@@ -271,8 +276,37 @@ def pairwise_work_waits(instance: Instance, first_token: bool = False) -> float:
         left = np.maximum(work[k] - gap, 0.0)
         if steps is not None:
             left = np.maximum(left, _work_left_after(*steps[k], gap))
-        total += float(np.minimum(left, work[later]).sum())
-    return total
+        pair = np.minimum(left, work[later])
+        total += float(pair.sum())
+        if steps is not None and len(gap):
+            late = len(steps[k][0]) - 1 - np.searchsorted(steps[k][0], gap, side="right")  # r's batches after a_q
+            waited = left + cost.intercept * np.maximum(late, 0) + _skipped_intercepts(least[later], np.maximum(late, 0))
+            extra[later] = np.maximum(extra[later], np.minimum(waited, work[later]) - pair)
+    return total if steps is None else total + float(extra.sum())
+
+
+def _least_progress_cost(instance: Instance, i: int, work: np.ndarray) -> np.ndarray:
+    """Request i's least work to come p batches closer to done, minus the intercepts of p batches,
+    for p = 0 .. its fewest batches, as a running minimum over p (`_skipped_intercepts` reads it).
+
+    Its fewest batches from the start are ceil(I / P) + O - 1 and each batch removes at most one:
+    the j-th of the first ceil(I / P) needs the prompt's tokens up to I - (ceil(I / P) - j) P (their
+    per_token work; the last, the first prefill's whole work), the rest one token each."""
+    r, cost = instance.requests[i], instance.cost
+    P = min(instance.system.max_prefill_tokens, instance.system.max_batch_tokens)
+    chunks = math.ceil(r.prompt / P)
+    prefix = cost.per_token * (r.prompt - (chunks - np.arange(1, chunks)) * P)
+    done = np.r_[0.0, prefix, work[0] + np.r_[0.0, np.cumsum(work[1:])]]  # p = 0, the chunks, then each token
+    return np.minimum.accumulate(done - cost.intercept * np.arange(len(done)))
+
+
+def _skipped_intercepts(least, late: np.ndarray) -> np.ndarray:
+    """For each later request q (its `_least_progress_cost`) and the number of r's batches that start
+    after a_q: if q finishes after r, the batches of r that q is not in, plus the batches q needs
+    after r is done, are at least `late` - p more than q's fewest, where p is how much closer q came
+    in its batches before r's end, whose work r waits for: min over p of that work + intercepts,
+    less the `late` intercepts the caller adds."""
+    return np.array([row[min(n, len(row) - 1)] for row, n in zip(least, late)])
 
 
 def _token_steps(instance: Instance, i: int) -> tuple[np.ndarray, np.ndarray]:
