@@ -46,15 +46,19 @@ def minimum_work(instance: Instance) -> float:
 
 def request_minimum_work(r, cost) -> float:
     """The least non-intercept batch time that request r adds to any complete schedule."""
-    total = cost.per_token * (r.prompt + r.output - 1)
-    total += cost.prefill_attention * r.prompt ** 2 + cost.per_prefill_request
-    for k in range(2, r.output + 1):
-        # token k, k >= 2: after token k - 1 the request holds m = I + k - 2 tokens. Either a decode
-        # generates it, or m tokens were evicted and are processed again (at least per_token m and
-        # chunks whose attention telescopes to m^2, one prefill-type chunk) besides the one token.
-        m = r.prompt + k - 2
-        total += min(cost.decode_kv * m, cost.per_token * m + cost.prefill_attention * m * m + cost.per_prefill_request)
-    return total
+    return float(request_token_work(r, cost).sum())
+
+
+def request_token_work(r, cost) -> np.ndarray:
+    """The least non-intercept batch time of each of request r's tokens: its first prefill for the
+    first; for token k >= 2, after token k - 1 the request holds m = I + k - 2 tokens, and either a
+    decode generates it or m tokens were evicted and are processed again (at least per_token m and
+    chunks whose attention telescopes to m^2, one prefill-type chunk) besides the one token."""
+    m = r.prompt + np.arange(2, r.output + 1) - 2.0
+    later = cost.per_token + np.minimum(cost.decode_kv * m, cost.per_token * m + cost.prefill_attention * m * m
+                                        + cost.per_prefill_request)
+    first = cost.per_token * r.prompt + cost.prefill_attention * r.prompt ** 2 + cost.per_prefill_request
+    return np.r_[first, later]
 
 
 def dual_feasible_weights(used: np.ndarray, capacity: int, k: int) -> np.ndarray:
@@ -275,12 +279,14 @@ def pairwise_work_waits(instance: Instance, first_token: bool = False) -> float:
         gap = arrivals[later] - arrivals[k]
         left = np.maximum(work[k] - gap, 0.0)
         if steps is not None:
-            left = np.maximum(left, _work_left_after(*steps[k], gap))
+            times, token_work = steps[k]
+            reached = np.searchsorted(times, gap, side="right")  # the most tokens r can have at a_q
+            left = np.maximum(left, _work_left_after(times, token_work, gap, reached))
         pair = np.minimum(left, work[later])
         total += float(pair.sum())
         if steps is not None and len(gap):
-            late = len(steps[k][0]) - 1 - np.searchsorted(steps[k][0], gap, side="right")  # r's batches after a_q
-            waited = left + cost.intercept * np.maximum(late, 0) + _skipped_intercepts(least[later], np.maximum(late, 0))
+            late = np.maximum(len(times) - 1 - reached, 0)  # r's batches that start after a_q
+            waited = left + cost.intercept * late + _skipped_intercepts(least[later], late)
             extra[later] = np.maximum(extra[later], np.minimum(waited, work[later]) - pair)
     return total if steps is None else total + float(extra.sum())
 
@@ -311,26 +317,21 @@ def _skipped_intercepts(least, late: np.ndarray) -> np.ndarray:
 
 def _token_steps(instance: Instance, i: int) -> tuple[np.ndarray, np.ndarray]:
     """Request i alone: (the least time from its arrival to its n-th token, n = 1..O; the least work
-    of each token: the first prefill's for the first, `request_minimum_work`'s term for the others).
+    of each token, `request_token_work`).
 
     Token n >= 2 needs a batch of its own after token n - 1 (a decode, or the last chunk of a
     refill whose earlier chunks run in between), at least the intercept plus that work."""
-    r, cost = instance.requests[i], instance.cost
-    m = r.prompt + np.arange(2, r.output + 1) - 2.0  # cached before token k >= 2
-    later = cost.per_token + np.minimum(cost.decode_kv * m, cost.per_token * m + cost.prefill_attention * m * m
-                                        + cost.per_prefill_request)
-    first = cost.per_token * r.prompt + cost.prefill_attention * r.prompt ** 2 + cost.per_prefill_request
-    work = np.r_[first, later]
-    times = own_time_lower_bound(instance, i, first_token=True) + np.r_[0.0, np.cumsum(cost.intercept + later)]
+    cost = instance.cost
+    work = request_token_work(instance.requests[i], cost)
+    times = own_time_lower_bound(instance, i, first_token=True) + np.r_[0.0, np.cumsum(cost.intercept + work[1:])]
     return times, work
 
 
-def _work_left_after(times: np.ndarray, work: np.ndarray, gap: np.ndarray) -> np.ndarray:
+def _work_left_after(times: np.ndarray, work: np.ndarray, gap: np.ndarray, reached: np.ndarray) -> np.ndarray:
     """A request's work still to come `gap` seconds after its arrival, for every gap. If it has n
-    tokens by then (n <= g, the tokens it reaches alone within the gap, `times`), the batches of
-    tokens n + 2 .. O start later, and of token n + 1's work at most the time since its n-th token
-    (at least times[n - 1] after its arrival; 0 for n = 0) is done. n = g leaves the least."""
-    reached = np.searchsorted(times, gap, side="right")  # g
+    tokens by then (n <= g = `reached`, the tokens it reaches alone within the gap, `times`), the
+    batches of tokens n + 2 .. O start later, and of token n + 1's work at most the time since its
+    n-th token (at least times[n - 1] after its arrival; 0 for n = 0) is done. n = g leaves the least."""
     suffix = np.r_[np.cumsum(work[::-1])[::-1], 0.0, 0.0]  # suffix[k]: the work of tokens k + 1 .. O
     since = gap - np.r_[0.0, times][reached]  # time since token g
     started = np.r_[work, 0.0][reached]  # token g + 1's work (0 once all are reached)
