@@ -47,9 +47,9 @@ ALPHAS = (1.0, 0.5, 0.25, 0.0)
 #: how far the batch-sharing tangent points move towards the trajectories' values per pass: on 30
 #: conversation requests 0.2-0.5 reach the same bound within 0.1%, 1 (no damping) oscillates 4% lower
 SHARING_STEP = 0.3
-#: the term joins after the step has halved this many times (and the step starts again): from the
-#: first pass on it lowered the bound where M binds (arXiv 30 requests, tight M: 5.000 -> 4.879 s in
-#: 120 s) by moving the trajectories the KV multipliers follow
+#: where the first trajectories exceed M the term joins after the step has halved this many times
+#: (and the step starts again): from the first pass on it lowered the bound there (arXiv 30 requests,
+#: tight M: 5.000 -> 4.879 s in 120 s) by moving the trajectories the KV multipliers follow
 SHARING_AFTER_HALVINGS = 2
 
 
@@ -254,7 +254,9 @@ class LagrangianBound:
         self.alpha = max(trials, key=lambda a: trials[a].value)
         pricing = trials[self.alpha]  # the first pass: its multipliers are these zeros
         best_value, best_pricing, theta, stall = -math.inf, None, FIRST_STEP, 0
-        sharing = False  # the batch-sharing term joins once the multipliers alone stall
+        # the batch-sharing term: from the start where the trajectories already fit M (no KV
+        # multiplier has anything to do), else once the multipliers alone stall
+        sharing = bool((pricing.usage <= self.capacity).all())
         while True:
             if best_pricing is None or pricing.value > best_value + 1e-12 * abs(best_value):
                 best_value, best_pricing, stall = pricing.value, pricing, 0
