@@ -170,12 +170,13 @@ class LagrangianBound:
         E = np.minimum(E, R)
         Rn = R + held  # idle
         choice = np.zeros(len(R), dtype=np.int8)
-        theta, sigma = (self.sharing[j - 1], self.sharing_point[j - 1]) if j <= self.H else (0.0, 0.0)
+        # batch sharing (theta_j, sigma_j): a decode costs (1 - theta_j) nu_j w + 2 theta_j sigma_j sqrt(w)
+        share, point = (self.sharing[j - 1], self.sharing_point[j - 1]) if j <= self.H else (0.0, 0.0)
         for code, before, work in ((1, R, self.decode_work), (2, E, self.refill_work)):
             moved = before[:-1] + held[1:]
             if code == 1:
-                if theta:  # (1 - theta) nu_j w + theta 2 sigma_j sqrt(w): docs/formulation.md, batch sharing
-                    moved += work[1:] * (nu * (1.0 - theta)) + self.decode_root[1:] * (2.0 * self.alpha * theta * sigma)
+                if share:
+                    moved += work[1:] * (nu * (1.0 - share)) + self.decode_root[1:] * (2.0 * self.alpha * share * point)
                 else:
                     moved += work[1:] * nu
                 moved += mj
