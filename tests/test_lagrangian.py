@@ -51,8 +51,8 @@ def test_lagrangian_bound_never_exceeds_the_brute_force_optimum(inst, objective,
         assert bound.price(lam, mu).value <= opt * (1 + 1e-9) + 1e-12
     # any batch-sharing weights in [0, 1] and tangent points >= 0 give a bound too
     for _ in range(3):
-        bound.sharing = rng.uniform(0.0, 1.0, bound.steps) * (rng.uniform(size=bound.steps) < 0.7)
-        bound.sharing_point = rng.exponential(len(inst) * math.sqrt(inst.cost.intercept), bound.steps)
+        bound.sharing = rng.uniform(0.0, 1.0, horizon) * (rng.uniform(size=horizon) < 0.7)
+        bound.sharing_point = rng.exponential(len(inst) * math.sqrt(inst.cost.intercept), horizon)
         assert bound.price(rng.exponential(scale, horizon)).value <= opt * (1 + 1e-9) + 1e-12
     value, pricing, passes = LagrangianBound(inst, objective, horizon).improve(Deadline(None), opt, max_passes=30)
     assert passes >= 1 and pricing is not None

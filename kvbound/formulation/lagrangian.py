@@ -62,8 +62,8 @@ class Pricing:
     completion: np.ndarray  # per request: the batch its cheapest trajectory completes in
     start: np.ndarray  # per request: the batch its cheapest trajectory's first prefill completes in
     tokens: np.ndarray  # tokens of the cheapest trajectories per batch 1..H (a refill's in its cheapest batch)
-    decode_root: np.ndarray  # per batch 1..steps: the sum of sqrt(work) over the trajectories' decodes
-    decode_work: np.ndarray  # per batch 1..steps: the trajectories' decode work
+    decode_root: np.ndarray  # per batch 1..H: the sum of sqrt(work) over the trajectories' decodes
+    decode_work: np.ndarray  # per batch 1..H: the trajectories' decode work
 
 
 class LagrangianBound:
@@ -99,17 +99,17 @@ class LagrangianBound:
                                             + cost.per_prefill_request)
         self.refill_tokens = np.where(k >= 1, held, 0).astype(float)  # a refill (or first prefill) into R_k
         self.decode_root = np.sqrt(self.decode_work)
-        area, alone, tokens = np.add.reduceat(self.kv, self.start), out + self.first_prefill - 1, (prompt + out - 1).astype(float)
-        # from batch `flat` on no count, multiplier or sharing term is left (nu = 1, lam = mu = 0), so a
-        # trajectory done there as early as it can is a cheapest one: it completes by flat + its own
-        # batches, and the DP needs no more steps (fewer would cut off cheaper trajectories)
-        flat = max(self.H, 1 + int(max(alone.max(), math.ceil(area.sum() / s.kv_capacity),
-                                       math.ceil(tokens.sum() / s.max_batch_tokens))))
+        nu = _unfinished_at_least(instance, np.add.reduceat(self.kv, self.start), out + self.first_prefill - 1,
+                                  (prompt + out - 1).astype(float))
+        # after batch `flat` no count, multiplier or sharing term is left (nu = 1, lam = mu = 0), so a
+        # trajectory done from there as early as it can is a cheapest one: it completes by flat + its
+        # own batches, and the DP needs no more steps (fewer would cut off cheaper trajectories)
+        flat = max(self.H, len(nu))
         self.steps = flat + int((self.first_prefill + out).max()) + 1
-        self.nu = _unfinished_at_least(instance, area, alone, tokens, self.steps)
+        self.nu = np.r_[nu, np.ones(self.steps - len(nu))]
         # the batch-sharing term of batches 1..H (`_follow_sharing`): weights theta_j in [0, 1] and
         # tangent points sigma_j; all 0 is the plain nu-weighted bound
-        self.sharing, self.sharing_point = np.zeros(self.steps), np.zeros(self.steps)
+        self.sharing, self.sharing_point = np.zeros(self.H), np.zeros(self.H)
         self.arrival_sum = float(instance.arrivals.sum())
         # the work may also be bounded without trajectories: each pair of requests waits at least for
         # the smaller one's work (the k-th completion for the k smallest works), `pairwise`; the
@@ -144,7 +144,7 @@ class LagrangianBound:
                 kept.append((choice, evict))
         value = (best.sum() - self.capacity * float(lam.sum()) - self.token_capacity * float(mu.sum())
                  + (1.0 - self.alpha) * self.pairwise
-                 - self.alpha * float(self.sharing[:self.H] @ self.sharing_point[:self.H] ** 2)
+                 - self.alpha * float(self.sharing @ self.sharing_point ** 2)
                  - self.arrival_sum) / self.n
         usage, tokens, start, root, decoded = self._backtrack(lam, mu, cheapest, checkpoints, segment, done_at,
                                                               kept if keep else None)
@@ -175,11 +175,9 @@ class LagrangianBound:
         for code, before, work in ((1, R, self.decode_work), (2, E, self.refill_work)):
             moved = before[:-1] + held[1:]
             if code == 1:
+                moved += work[1:] * (nu * (1.0 - share)) + mj
                 if share:
-                    moved += work[1:] * (nu * (1.0 - share)) + self.decode_root[1:] * (2.0 * self.alpha * share * point)
-                else:
-                    moved += work[1:] * nu
-                moved += mj
+                    moved += self.decode_root[1:] * (2.0 * self.alpha * share * point)
             else:
                 moved += work[1:] * nu
                 if low:
@@ -202,7 +200,7 @@ class LagrangianBound:
         choices `kept` from the forward pass, else recomputed segment by segment from checkpoints)."""
         usage = np.zeros(self.H)
         tokens = np.zeros(self.H)
-        root, decoded = np.zeros(self.steps), np.zeros(self.steps)
+        root, decoded = np.zeros(self.H), np.zeros(self.H)
         start = np.zeros(self.n, dtype=np.int64)
         pos = self.last.copy()
         resident = np.ones(self.n, dtype=bool)
@@ -224,13 +222,13 @@ class LagrangianBound:
                 if j <= self.H and inr.any():
                     usage[j - 1] += self.kv[pos[inr]].sum()
                 ch = np.where(inr, choice[pos], 0)
-                into = pos[ch == 1]  # the states decodes reach in this batch
-                root[j - 1] += self.decode_root[into].sum()
-                decoded[j - 1] += self.decode_work[into].sum()
                 started = inr & (ch == 2) & (pos == self.start + 1)
                 start[started] = j
                 if j <= self.H:  # decode tokens in this batch; a refill's in the cheapest batch so far
-                    tokens[j - 1] += np.count_nonzero(ch == 1)
+                    into = pos[ch == 1]  # the states decodes reach in this batch
+                    tokens[j - 1] += len(into)
+                    root[j - 1] += self.decode_root[into].sum()
+                    decoded[j - 1] += self.decode_work[into].sum()
                     refilled = ch == 2
                     if refilled.any() and cheapest[j - 1] >= 0:
                         tokens[cheapest[j - 1]] += self.refill_tokens[pos[refilled]].sum()
@@ -292,8 +290,7 @@ class LagrangianBound:
         if not target.any() and not self.sharing_point.any():
             return False
         point = self.sharing_point + SHARING_STEP * (target - self.sharing_point)
-        point[self.H:] = 0.0
-        sharing = (point ** 2 > self.nu * pricing.decode_work).astype(float)
+        sharing = (point ** 2 > self.nu[:self.H] * pricing.decode_work).astype(float)
         moved = not (np.allclose(point, self.sharing_point, rtol=1e-6, atol=0.0) and np.array_equal(sharing, self.sharing))
         self.sharing_point, self.sharing = point, sharing
         return moved
@@ -320,9 +317,10 @@ def _running_argmin(mu: np.ndarray, steps: int) -> np.ndarray:
     return out
 
 
-def _unfinished_at_least(instance: Instance, area: np.ndarray, alone: np.ndarray, tokens: np.ndarray,
-                         steps: int) -> np.ndarray:
-    """nu_j, j = 1..steps: at least this many requests are unfinished in batch j of any schedule.
+def _unfinished_at_least(instance: Instance, area: np.ndarray, alone: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+    """nu_j, j = 1, 2, ... up to the first j where it is 1: at least this many requests are
+    unfinished in batch j of any schedule (never fewer than 1; it only decreases, so every later
+    batch has 1 too).
 
     Requests finished within j - 1 batches each fit alone there (first prefill batches + O - 1
     decodes), together their KV area (KV during each generating batch) fits (j - 1) M and their
@@ -330,16 +328,17 @@ def _unfinished_at_least(instance: Instance, area: np.ndarray, alone: np.ndarray
     dual-feasible weights of `kv_weights` as a third limit changed nothing on the real traces.)"""
     s = instance.system
     n = len(area)
-    nu = np.empty(steps)
+    nu = []
     caps = []
     for need, capacity in ((area, s.kv_capacity), (tokens, s.max_batch_tokens)):
         order = np.argsort(need, kind="stable")
         caps.append((need[order], alone[order], capacity))
-    for j in range(1, steps + 1):
+    while not nu or nu[-1] > 1:  # ends: from j - 1 >= max(alone) and (j - 1) x capacity >= each need's sum, all fit
+        j = len(nu) + 1
         done = n
         for need, length, capacity in caps:
             fits = length <= j - 1
             cum = np.cumsum(np.where(fits, need, 0.0))
             done = min(done, int(np.count_nonzero(fits & (cum <= (j - 1) * capacity))))
-        nu[j - 1] = max(1, n - done)
-    return nu
+        nu.append(max(1, n - done))
+    return np.array(nu, dtype=float)
