@@ -44,6 +44,11 @@ class SystemConfig:
         if self.max_prefill_tokens is None:
             object.__setattr__(self, "max_prefill_tokens", self.max_batch_tokens)
 
+    @property
+    def prefill_per_batch(self) -> int:
+        """The most prefill-type tokens one batch can process: min(P, C)."""
+        return min(self.max_prefill_tokens, self.max_batch_tokens)
+
     def blocks(self, tokens: int) -> int:
         """KV tokens charged for `tokens` cached tokens: rounded up to whole blocks."""
         return round_to_blocks(tokens, self.block_size)

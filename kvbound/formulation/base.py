@@ -258,7 +258,7 @@ def complete_schedule(instance: Instance, batches: list[Batch], constraints: Con
         st.apply(bt)
     out = list(batches)
     s = instance.system
-    P = min(s.max_prefill_tokens, s.max_batch_tokens)
+    P = s.prefill_per_batch
     cap = constraints.max_batch_size or len(instance)
     kinds = ({True}, {False}) if constraints.no_hybrid else ({True, False},)  # decode-type or prefill-type
 

@@ -31,7 +31,7 @@ def own_time_lower_bound(instance: Instance, i: int, first_token: bool = False) 
     """Least time request i needs from its arrival to its completion (first token), even alone."""
     r = instance.requests[i]
     cost = instance.cost
-    P = min(instance.system.max_prefill_tokens, instance.system.max_batch_tokens)
+    P = instance.system.prefill_per_batch
     prefill = math.ceil(r.prompt / P) * cost.intercept + cost.per_token * r.prompt + cost.prefill_attention * r.prompt ** 2 \
         + cost.per_prefill_request
     if first_token:
@@ -231,7 +231,7 @@ def _shares(instance: Instance, first_token: bool):
     reqs = instance.requests
     if first_token:
         tokens = instance.prompts.astype(float)
-        capacity_tokens = min(s.max_batch_tokens, s.max_prefill_tokens)
+        capacity_tokens = s.prefill_per_batch
         work = cost.per_token * tokens + cost.prefill_attention * tokens ** 2 + cost.per_prefill_request
     else:
         tokens = np.array([r.peak_kv for r in reqs], dtype=float)
@@ -299,7 +299,7 @@ def _least_progress_cost(instance: Instance, i: int, work: np.ndarray) -> np.nda
     the j-th of the first ceil(I / P) needs the prompt's tokens up to I - (ceil(I / P) - j) P (their
     per_token work; the last, the first prefill's whole work), the rest one token each."""
     r, cost = instance.requests[i], instance.cost
-    P = min(instance.system.max_prefill_tokens, instance.system.max_batch_tokens)
+    P = instance.system.prefill_per_batch
     chunks = math.ceil(r.prompt / P)
     prefix = cost.per_token * (r.prompt - (chunks - np.arange(1, chunks)) * P)
     done = np.r_[0.0, prefix, work[0] + np.r_[0.0, np.cumsum(work[1:])]]  # p = 0, the chunks, then each token
@@ -415,7 +415,7 @@ def completion_order_bounds(instance: Instance, first_token: bool = False, steps
                 best[before:] = np.maximum(best[before:], t + np.cumsum(np.sort(share)))
     # the k requests done first have also run, between them, as many batches as the longest of them
     # needs alone (b_i): at least min over B of k0 B + the k smallest works among requests with b_i <= B
-    P = min(s.max_prefill_tokens, s.max_batch_tokens)
+    P = s.prefill_per_batch
     alone = np.array([math.ceil(r.prompt / P) + (0 if first_token else r.output - 1) for r in reqs])
     by_length = np.full(len(reqs), np.inf)
     for B in np.unique(alone):

@@ -81,7 +81,7 @@ class LagrangianBound:
         n = len(instance)
         prompt = instance.prompts.astype(np.int64)
         out = np.array([1 if objective.first_token else r.output for r in instance.requests], dtype=np.int64)
-        P = min(s.max_prefill_tokens, s.max_batch_tokens)
+        P = s.prefill_per_batch
         self.first_prefill = -(-prompt // P)  # batches the first prefill needs
         # one state per request and tokens generated k = 0..O: resident (R_k) or not (E_k)
         self.start = np.r_[0, np.cumsum(out + 1)[:-1]].astype(np.int64)

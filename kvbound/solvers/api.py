@@ -136,7 +136,7 @@ def objective_value(metrics: Metrics, objective: str | Objective) -> float:
 def serial_schedule(instance: Instance, order=None, chunked: bool = True) -> Schedule | None:
     """Serve requests one at a time (in `order`): valid for every hypothesis constraint, no eviction."""
     sys_ = instance.system
-    P = min(sys_.max_prefill_tokens, sys_.max_batch_tokens)
+    P = sys_.prefill_per_batch
     batches = []
     st = ReplayState(instance)
     for i in (order if order is not None else sorted(range(len(instance)), key=lambda k: (instance.requests[k].arrival, k))):
