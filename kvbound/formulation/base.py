@@ -12,7 +12,7 @@ from ..accounting import is_decode_type, largest_batch_time
 from ..objective import Objective
 from ..schedule import Batch, ReplayState, Schedule
 from ..workload import Instance
-from .bounds import minimum_work, own_time_lower_bound
+from .bounds import prefill_work, minimum_work, own_time_lower_bound
 from .model import Model
 
 
@@ -156,8 +156,7 @@ def horizon_for(instance: Instance, objective: str, upper_bound: float, allow_ev
         first = objective.first_token
         own = [r.arrival + own_time_lower_bound(instance, i, first) for i, r in enumerate(instance.requests)]
         budget = n * upper_bound + float(instance.arrivals.sum()) - (sum(own) - max(own))
-        work = minimum_work(instance) if not first else sum(cost.per_token * r.prompt + cost.prefill_attention * r.prompt ** 2 + cost.per_prefill_request
-                   for r in instance.requests)
+        work = minimum_work(instance) if not first else float(prefill_work(instance.prompts, cost).sum())
     processing = max(0, math.floor((budget - work) / cost.intercept * (1 + 1e-12) + 1e-9))
     horizon = processing if (not allow_evict or evict_batches_implicit) else 2 * processing
     if objective.first_token:

@@ -32,8 +32,7 @@ def own_time_lower_bound(instance: Instance, i: int, first_token: bool = False) 
     r = instance.requests[i]
     cost = instance.cost
     P = instance.system.prefill_per_batch
-    prefill = math.ceil(r.prompt / P) * cost.intercept + cost.per_token * r.prompt + cost.prefill_attention * r.prompt ** 2 \
-        + cost.per_prefill_request
+    prefill = math.ceil(r.prompt / P) * cost.intercept + prefill_work(r.prompt, cost)
     if first_token:
         return prefill
     return (math.ceil(r.prompt / P) + r.output - 1) * cost.intercept + request_minimum_work(r, cost)
@@ -49,16 +48,22 @@ def request_minimum_work(r, cost) -> float:
     return float(request_token_work(r, cost).sum())
 
 
+def prefill_work(tokens, cost):
+    """The least non-intercept batch time of processing `tokens` tokens (an int or an array) from an
+    empty cache, a first prefill or a refill: per_token x tokens and chunks whose attention
+    telescopes to tokens^2, one prefill-type chunk."""
+    tokens = tokens.astype(float) if isinstance(tokens, np.ndarray) else float(tokens)
+    return cost.per_token * tokens + cost.prefill_attention * tokens ** 2 + cost.per_prefill_request
+
+
 def request_token_work(r, cost) -> np.ndarray:
     """The least non-intercept batch time of each of request r's tokens: its first prefill for the
     first; for token k >= 2, after token k - 1 the request holds m = I + k - 2 tokens, and either a
     decode generates it or m tokens were evicted and are processed again (at least per_token m and
     chunks whose attention telescopes to m^2, one prefill-type chunk) besides the one token."""
     m = r.prompt + np.arange(2, r.output + 1) - 2.0
-    later = cost.per_token + np.minimum(cost.decode_kv * m, cost.per_token * m + cost.prefill_attention * m * m
-                                        + cost.per_prefill_request)
-    first = cost.per_token * r.prompt + cost.prefill_attention * r.prompt ** 2 + cost.per_prefill_request
-    return np.r_[first, later]
+    later = cost.per_token + np.minimum(cost.decode_kv * m, prefill_work(m, cost))
+    return np.r_[prefill_work(r.prompt, cost), later]
 
 
 def dual_feasible_weights(used: np.ndarray, capacity: int, k: int) -> np.ndarray:
@@ -232,7 +237,7 @@ def _shares(instance: Instance, first_token: bool):
     if first_token:
         tokens = instance.prompts.astype(float)
         capacity_tokens = s.prefill_per_batch
-        work = cost.per_token * tokens + cost.prefill_attention * tokens ** 2 + cost.per_prefill_request
+        work = prefill_work(tokens, cost)
     else:
         tokens = np.array([r.peak_kv for r in reqs], dtype=float)
         capacity_tokens = s.max_batch_tokens
@@ -263,8 +268,7 @@ def pairwise_work_waits(instance: Instance, first_token: bool = False) -> float:
     order = np.argsort(instance.arrivals, kind="stable")
     arrivals = instance.arrivals[order]
     if first_token:
-        prompts = instance.prompts.astype(float)[order]
-        work = cost.per_token * prompts + cost.prefill_attention * prompts ** 2 + cost.per_prefill_request
+        work = prefill_work(instance.prompts[order], cost)
         reach = np.searchsorted(arrivals, arrivals + work, side="left")  # pairs further apart add nothing
         steps = None
     else:

@@ -33,7 +33,7 @@ import numpy as np
 from ..deadline import Deadline
 from ..objective import Objective
 from ..workload import Instance
-from .bounds import request_minimum_work
+from .bounds import prefill_work, request_minimum_work
 
 #: bytes of DP choices kept at once: the backward pass recomputes segments from checkpoints
 CHOICE_BYTES = 2 * 2 ** 30
@@ -93,10 +93,8 @@ class LagrangianBound:
         m = (held - 1).astype(float)  # cached before generating token k >= 2
         # (k = 0, and a decode into k = 1, are never reached: their states stay infinite)
         self.decode_work = np.where(k >= 2, cost.per_token + cost.decode_kv * m, 0.0)
-        self.refill_work = np.where(k >= 2, cost.per_token * (m + 1) + cost.prefill_attention * (m + 1) ** 2
-                                    + cost.per_prefill_request, 0.0)
-        self.refill_work[self.start + 1] = (cost.per_token * prompt + cost.prefill_attention * prompt.astype(float) ** 2
-                                            + cost.per_prefill_request)
+        self.refill_work = np.where(k >= 2, prefill_work(m + 1, cost), 0.0)
+        self.refill_work[self.start + 1] = prefill_work(prompt, cost)
         self.refill_tokens = np.where(k >= 1, held, 0).astype(float)  # a refill (or first prefill) into R_k
         self.decode_root = np.sqrt(self.decode_work)
         nu = _unfinished_at_least(instance, np.add.reduceat(self.kv, self.start), out + self.first_prefill - 1,
