@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from kvbound import CostModel, Instance, Request, SystemConfig, validate
 from kvbound.costs import PRESETS
 from kvbound.deadline import Deadline
-from kvbound.formulation.bounds import own_time_lower_bound
+from kvbound.formulation.bounds import own_time_lower_bound, prefill_work
 from kvbound.formulation.lagrangian import LagrangianBound
 from kvbound.schedulers import get_scheduler, simulate
 from kvbound.schedulers.unified import OrderedScheduler
@@ -110,6 +110,24 @@ def test_backtracked_usage_is_the_kv_of_the_priced_trajectories(inst, seed):
     # every batch before a request's first token holds none of its KV: no request's usage comes early
     first = int(pricing.start.min())
     assert not pricing.usage[:first - 1].any()
+
+
+@settings(max_examples=40, deadline=None)
+@given(inst=instances(min_requests=1, max_requests=4, max_prompt=6, max_output=4))
+def test_backtracked_work_is_what_the_value_weighs(inst):
+    # at zero multipliers (work weighted by nu alone) the value is each trajectory's intercepts plus
+    # the nu-weighted work of every batch, so the per-batch work read back must reproduce it
+    horizon = 40
+    bound = LagrangianBound(inst, "mean_latency", horizon)
+    bound.alpha = 1.0
+    pricing = bound.price(np.zeros(horizon))
+    assert (pricing.completion <= horizon).all()
+    work = pricing.decode_work + pricing.prefill_work
+    # each first prefill is read back once (and any refill besides)
+    assert pricing.prefill_work.sum() >= prefill_work(inst.prompts, inst.cost).sum() * (1 - 1e-12)
+    recounted = (inst.cost.intercept * pricing.completion.sum() + bound.nu[:horizon] @ work
+                 - inst.arrivals.sum()) / len(inst)
+    assert pricing.value == pytest.approx(recounted, rel=1e-9, abs=1e-12)
 
 
 def test_lagrangian_bound_beats_the_analytic_bound_where_kv_binds():

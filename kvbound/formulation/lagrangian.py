@@ -64,6 +64,7 @@ class Pricing:
     tokens: np.ndarray  # tokens of the cheapest trajectories per batch 1..H (a refill's in its cheapest batch)
     decode_root: np.ndarray  # per batch 1..H: the sum of sqrt(work) over the trajectories' decodes
     decode_work: np.ndarray  # per batch 1..H: the trajectories' decode work
+    prefill_work: np.ndarray  # per batch 1..H: the trajectories' first-prefill and refill work (where they complete)
 
 
 class LagrangianBound:
@@ -105,6 +106,9 @@ class LagrangianBound:
         flat = max(self.H, len(nu))
         self.steps = flat + int((self.first_prefill + out).max()) + 1
         self.nu = np.r_[nu, np.ones(self.steps - len(nu))]
+        # what a trajectory completing in batch j pays for being unfinished in batches 1..j: j intercepts
+        # (bench/probe_master.py prices each batch apart)
+        self.finish_price = cost.intercept * np.arange(self.steps + 1, dtype=float)
         # the batch-sharing term of batches 1..H (`_follow_sharing`): weights theta_j in [0, 1] and
         # tangent points sigma_j; all 0 is the plain nu-weighted bound
         self.sharing, self.sharing_point = np.zeros(self.H), np.zeros(self.H)
@@ -144,9 +148,9 @@ class LagrangianBound:
                  + (1.0 - self.alpha) * self.pairwise
                  - self.alpha * float(self.sharing @ self.sharing_point ** 2)
                  - self.arrival_sum) / self.n
-        usage, tokens, start, root, decoded = self._backtrack(lam, mu, cheapest, checkpoints, segment, done_at,
-                                                              kept if keep else None)
-        return Pricing(value, usage, done_at, start, tokens, root, decoded)
+        usage, tokens, start, root, decoded, prefilled = self._backtrack(lam, mu, cheapest, checkpoints, segment,
+                                                                         done_at, kept if keep else None)
+        return Pricing(value, usage, done_at, start, tokens, root, decoded, prefilled)
 
     def _priced_at(self, alpha: float, lam, mu) -> Pricing:
         self.alpha = alpha
@@ -186,7 +190,7 @@ class LagrangianBound:
             choice[1:][cheaper] = code
         Rn[self.start] = np.inf
         if best is not None:
-            finish = Rn[self.last] + self.intercept * j
+            finish = Rn[self.last] + self.finish_price[j]
             better = finish < best
             best[better] = finish[better]
             done_at[better] = j
@@ -198,7 +202,7 @@ class LagrangianBound:
         choices `kept` from the forward pass, else recomputed segment by segment from checkpoints)."""
         usage = np.zeros(self.H)
         tokens = np.zeros(self.H)
-        root, decoded = np.zeros(self.H), np.zeros(self.H)
+        root, decoded, prefilled = np.zeros(self.H), np.zeros(self.H), np.zeros(self.H)
         start = np.zeros(self.n, dtype=np.int64)
         pos = self.last.copy()
         resident = np.ones(self.n, dtype=bool)
@@ -228,6 +232,7 @@ class LagrangianBound:
                     root[j - 1] += self.decode_root[into].sum()
                     decoded[j - 1] += self.decode_work[into].sum()
                     refilled = ch == 2
+                    prefilled[j - 1] += self.refill_work[pos[refilled]].sum()
                     if refilled.any() and cheapest[j - 1] >= 0:
                         tokens[cheapest[j - 1]] += self.refill_tokens[pos[refilled]].sum()
                 pos = pos - (ch >= 1)
@@ -236,7 +241,7 @@ class LagrangianBound:
                 refilled_or_out = act & ~(inr & (ch <= 1))
                 resident = np.where(refilled_or_out, evict[pos], resident)
                 alive &= ~(~resident & (pos == self.start))
-        return usage, tokens, start, root, decoded
+        return usage, tokens, start, root, decoded, prefilled
 
     # ------------------------------------------------------------------ the subgradient method
 
