@@ -108,7 +108,8 @@ def run_point(case: str, objective: str, time_limit: float) -> dict:
     solver_bound = res.solver_bound
     lagrangian = stats.get("lagrangian_bound")
     if lagrangian is not None and lagrangian >= top.value * (1 + 1e-9):
-        row["binding_bound"] = f"Lagrangian ({stats['lagrangian_passes']} passes)"
+        variant = stats.get("lagrangian_variant")
+        row["binding_bound"] = f"Lagrangian{', ' + variant if variant else ''} ({stats['lagrangian_passes']} passes)"
     if res.bound_certified and math.isfinite(solver_bound) and solver_bound >= top.value * (1 + 1e-9):
         row["binding_bound"] = f"{res.solver} {res.formulation} MILP bound"
     row.update({

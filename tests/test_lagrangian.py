@@ -25,6 +25,7 @@ from kvbound import CostModel, Instance, Request, SystemConfig, validate
 from kvbound.costs import PRESETS
 from kvbound.deadline import Deadline
 from kvbound.formulation.bounds import own_time_lower_bound, prefill_work
+from kvbound.formulation.completion_master import MasterBound
 from kvbound.formulation.lagrangian import LagrangianBound
 from kvbound.schedulers import get_scheduler, simulate
 from kvbound.schedulers.unified import OrderedScheduler
@@ -208,7 +209,8 @@ def test_auto_searches_until_the_time_limit_where_the_model_is_too_large(monkeyp
 def test_search_leaves_the_lagrangian_where_arrivals_make_it_useless():
     # the conv-like requests arriving 50 ms apart: the Lagrangian (which sees no arrival times)
     # prices every completion from 0, far below the analytic bound, so the search stops it after
-    # its first pass and spends the time on schedules; no Lagrangian value is reported
+    # its first pass (and never starts the completion master variant, whose first pass is the same
+    # bound without batch sharing) and spends the time on schedules; no Lagrangian value is reported
     base = conv_like()
     inst = Instance(tuple(Request(r.prompt, r.output, 0.05 * k) for k, r in enumerate(base.requests)), base.system,
                     base.cost)
@@ -216,6 +218,7 @@ def test_search_leaves_the_lagrangian_where_arrivals_make_it_useless():
     assert res.status == "feasible" and res.seconds >= 1.5
     first = LagrangianBound(inst, "mean_latency", 100).price(np.zeros(100)).value
     assert first < 0.5 * res.analytic_bound
+    assert MasterBound.where_it_fits(inst, "mean_latency", 100) is not None  # it would fit
     assert res.stats["lagrangian_passes"] == 1 and res.stats["lagrangian_bound"] is None
     assert res.lower_bound == res.analytic_bound
     assert res.stats["patterns_simulated"] >= 8

@@ -107,7 +107,7 @@ class LagrangianBound:
         self.steps = flat + int((self.first_prefill + out).max()) + 1
         self.nu = np.r_[nu, np.ones(self.steps - len(nu))]
         # what a trajectory completing in batch j pays for being unfinished in batches 1..j: j intercepts
-        # (bench/probe_master.py prices each batch apart)
+        # (`completion_master` prices each batch apart)
         self.finish_price = cost.intercept * np.arange(self.steps + 1, dtype=float)
         # the batch-sharing term of batches 1..H (`_follow_sharing`): weights theta_j in [0, 1] and
         # tangent points sigma_j; all 0 is the plain nu-weighted bound

@@ -1,9 +1,11 @@
 """The anytime search used where no MIP model fits: bounds and schedules improve until the deadline.
 
-Two things alternate while time is left (docs/formulation.md, "The Lagrangian bound" and "The
-admission-pattern search"):
+Two things alternate while time is left (docs/formulation.md, "The Lagrangian bound", "The
+completion master" and "The admission-pattern search"):
 * for mean latency and mean TTFT, a subgradient pass of the Lagrangian bound
-  (`formulation.lagrangian`); every pass's value is a certified bound;
+  (`formulation.lagrangian`) or of its variant with the completion master
+  (`formulation.completion_master`), each taking the turn while it has used less time than the
+  other; every pass's value is a certified bound;
 * schedules from admission patterns (an order, and a batch before which each request is not
   admitted): the best schedule's own pattern, the Lagrangian trajectories' (the Lagrangian
   heuristic), then random moves of one request in the best pattern so far, each simulated by an
@@ -23,6 +25,7 @@ from ..deadline import Deadline
 from ..errors import SchedulerRefused, SchedulerStuck
 from ..interrupt import Stopped
 from ..formulation.base import Constraints
+from ..formulation.completion_master import MasterBound
 from ..formulation.lagrangian import LagrangianBound
 from ..objective import Objective
 from ..schedule import Metrics, Schedule, validate
@@ -132,15 +135,19 @@ def search(instance: Instance, objective: Objective, constraints: Constraints, s
             best.name = f"{name}:{pattern.base.name}"
             progress.report(best=checked)
             trajectory.record(best=checked)
-            if lagrangian is not None:
-                lagrangian.target = checked  # Polyak steps aim at the best value known
+            for track in tracks:
+                track.bound.target = checked  # Polyak steps aim at the best value known
 
-    passes = lagrangian = None
+    tracks: list[_Track] = []
     why_none = "none for total latency" if not objective.is_mean else "none: no pass finished in time"
     if objective.is_mean:
-        lagrangian = LagrangianBound(instance, objective, max(1, int(1.1 * len(start.batches))))
-        passes = lagrangian.iterate(start_value)
-    n_pass = 0
+        horizon = max(1, int(1.1 * len(start.batches)))
+        lagrangian = LagrangianBound(instance, objective, horizon)
+        tracks.append(_Track("batch sharing", lagrangian, lagrangian.iterate(start_value)))
+        master = MasterBound.where_it_fits(instance, objective, horizon)
+        if master is not None:
+            tracks.append(_Track("completion master", master, master.iterate(start_value)))
+    n_pass, best_track, all_tracks = 0, None, list(tracks)
     try:
         seeds = set()  # two heuristics may give the same schedule (srpt at ratio 1 and 2): one pattern
         for schedule in (start, *others):  # good schedules' own patterns, with and without their admission batches
@@ -152,28 +159,40 @@ def search(instance: Instance, objective: Objective, constraints: Constraints, s
                 consider(Pattern(admitted, admitted.copy(), base), "pattern")
                 consider(Pattern(admitted, None, base), "pattern")
         while not deadline.expired():
-            if passes is not None:
-                pricing = None
+            if tracks:
+                pricing = track = None
                 for _ in range(PASSES_PER_ROUND):
+                    # the two bounds win on different traces (batch sharing on conversation and
+                    # arXiv, the completion master on code): each gets half of the time
+                    track = min(tracks, key=lambda t: t.seconds)
+                    began = time.perf_counter()
                     with deadline.enforced():  # a pass on 1,000 requests takes minutes: it is cut at the deadline
-                        value, pricing, _ = next(passes, (None, None, None))
+                        value, pricing, _ = next(track.iterations, (None, None, None))
+                    track.seconds += time.perf_counter() - began
                     if value is None:
-                        passes = None
-                        break
+                        tracks.remove(track)
+                        pricing = None
+                        if not tracks:
+                            break
+                        continue
                     n_pass += 1
-                    if n_pass == 1 and value < USEFUL_FIRST_PASS * known_bound:
-                        passes = None  # arrivals it cannot see: the time goes to schedules instead
+                    track.passes += 1
+                    track.value = max(track.value, value)
+                    if track.passes == 1 and track is all_tracks[0] and value < USEFUL_FIRST_PASS * known_bound:
+                        # arrivals neither variant sees (the master starts where this one is): the
+                        # time goes to schedules instead
+                        tracks, pricing = [], None
                         why_none = "none kept: its first pass was below half the analytic bound (it does not see arrival times)"
                         break
                     if value > best.bound:
-                        best.bound = value
+                        best.bound, best_track = value, track.name
                         progress.report(analytic=value)
                         trajectory.record(bound=value)
                     if deadline.expired():
                         break
                 if pricing is not None:  # the Lagrangian heuristic: admit in the trajectories' order and time
                     keys = pricing.start.astype(float)
-                    hold = np.maximum(0.0, keys - lagrangian.first_prefill)
+                    hold = np.maximum(0.0, keys - track.bound.first_prefill)
                     for base in bases:
                         for name, pattern in (("lagrangian", Pattern(keys, hold, base)),
                                               ("lagrangian-order", Pattern(keys, None, base))):
@@ -185,14 +204,31 @@ def search(instance: Instance, objective: Objective, constraints: Constraints, s
                     break
                 source = keyed if move % 2 and keyed is not None else incumbent
                 consider(source.moved(rng, len(start.batches)), "pattern")
-            if incumbent is None and passes is None:
+            if incumbent is None and not tracks:
                 break  # no pattern can be simulated (every preset refuses the case)
     except Stopped:
         pass
     best.stats = {"lagrangian_passes": n_pass, "patterns_tried": tried, "patterns_simulated": simulated,
                   "search_seconds": time.perf_counter() - t0,
                   "lagrangian_note": "every multiplier gives a bound" if math.isfinite(best.bound) else why_none}
+    if math.isfinite(best.bound):
+        best.stats["lagrangian_variant"] = best_track
+    best.stats["lagrangian_variants"] = {t.name: {"passes": t.passes, "seconds": round(t.seconds, 3),
+                                                  "bound": t.value if math.isfinite(t.value) else None}
+                                         for t in all_tracks}
     return best
+
+
+@dataclass
+class _Track:
+    """One Lagrangian bound's subgradient passes in the search."""
+
+    name: str
+    bound: LagrangianBound | MasterBound
+    iterations: object  # its `iterate` generator
+    passes: int = 0
+    seconds: float = 0.0  # spent in its passes
+    value: float = -math.inf  # its best bound
 
 
 class Trajectory:

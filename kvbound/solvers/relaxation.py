@@ -46,7 +46,9 @@ def lower_bounds(instance: Instance, options: SolveOptions, deadline: Deadline |
     res = solve_with(instance, options, deadline.share(0.5), analytic=max(b.value for b in bounds))
     if "search" in res.stats:  # no model fitted: the search's Lagrangian bound stands for the MILP's
         value, passes = res.stats.get("lagrangian_bound"), res.stats["lagrangian_passes"]
-        bounds.append(Bound(f"Lagrangian ({passes} passes)", -math.inf if value is None else value,
+        variant = res.stats.get("lagrangian_variant")
+        bounds.append(Bound(f"Lagrangian{', ' + variant if variant else ''} ({passes} passes)",
+                            -math.inf if value is None else value,
                             res.stats["search_seconds"], value is not None, res.stats["lagrangian_note"]))
         return bounds, res
     if res.objective is not None and not deadline.expired():
