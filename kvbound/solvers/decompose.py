@@ -4,8 +4,8 @@ Two things alternate while time is left (docs/formulation.md, "The Lagrangian bo
 completion master" and "The admission-pattern search"):
 * for mean latency and mean TTFT, a subgradient pass of the Lagrangian bound
   (`formulation.lagrangian`) or of its variant with the completion master
-  (`formulation.completion_master`), each taking the turn while it has used less time than the
-  other; every pass's value is a certified bound;
+  (`formulation.completion_master`) once the first one's bound stalls; every pass's value is a
+  certified bound;
 * schedules from admission patterns (an order, and a batch before which each request is not
   admitted): the best schedule's own pattern, the Lagrangian trajectories' (the Lagrangian
   heuristic), then random moves of one request in the best pattern so far, each simulated by an
@@ -42,6 +42,10 @@ USEFUL_FIRST_PASS = 0.5
 #: Lagrangian passes between two rounds of pattern moves, and the moves in a round
 PASSES_PER_ROUND = 5
 ROUND_MOVES = 8
+#: the batch-sharing variant hands the time to the completion master once its bound has gained
+#: less than this share over its last passes (or its steps vanished)
+STALLED_PASSES = 100
+STALLED_GAIN = 1e-4
 
 
 @dataclass
@@ -162,9 +166,10 @@ def search(instance: Instance, objective: Objective, constraints: Constraints, s
             if tracks:
                 pricing = track = None
                 for _ in range(PASSES_PER_ROUND):
-                    # the two bounds win on different traces (batch sharing on conversation and
-                    # arXiv, the completion master on code): each gets half of the time
-                    track = min(tracks, key=lambda t: t.seconds)
+                    # batch sharing first: it is the better bound on conversation and arXiv, where
+                    # sharing the time cost it more than the master gained; the master (better on
+                    # the code trace) takes what is left once it stalls
+                    track = tracks[0]
                     began = time.perf_counter()
                     with deadline.enforced():  # a pass on 1,000 requests takes minutes: it is cut at the deadline
                         value, pricing, _ = next(track.iterations, (None, None, None))
@@ -178,12 +183,18 @@ def search(instance: Instance, objective: Objective, constraints: Constraints, s
                     n_pass += 1
                     track.passes += 1
                     track.value = max(track.value, value)
-                    if track.passes == 1 and track is all_tracks[0] and value < USEFUL_FIRST_PASS * known_bound:
-                        # arrivals neither variant sees (the master starts where this one is): the
-                        # time goes to schedules instead
-                        tracks, pricing = [], None
-                        why_none = "none kept: its first pass was below half the analytic bound (it does not see arrival times)"
-                        break
+                    track.history.append(track.value)
+                    if (len(tracks) > 1 and track.passes > STALLED_PASSES
+                            and track.value - track.history[-STALLED_PASSES - 1] <= STALLED_GAIN * abs(track.value)):
+                        tracks.remove(track)  # its bound stalls: the next variant takes the time
+                    if track.passes == 1 and track is all_tracks[0]:
+                        if value < USEFUL_FIRST_PASS * known_bound:
+                            # arrivals neither variant sees (the master starts where this one is): the
+                            # time goes to schedules instead
+                            tracks, pricing = [], None
+                            why_none = ("none kept: its first pass was below half the analytic bound (it does not "
+                                        "see arrival times)")
+                            break
                     if value > best.bound:
                         best.bound, best_track = value, track.name
                         progress.report(analytic=value)
@@ -229,6 +240,7 @@ class _Track:
     passes: int = 0
     seconds: float = 0.0  # spent in its passes
     value: float = -math.inf  # its best bound
+    history: list = field(default_factory=list)  # its best bound after each pass
 
 
 class Trajectory:
