@@ -255,32 +255,24 @@ class LagrangianBound:
         trials = {alpha: self._priced_at(alpha, lam, mu) for alpha in ALPHAS}
         self.alpha = max(trials, key=lambda a: trials[a].value)
         pricing = trials[self.alpha]  # the first pass: its multipliers are these zeros
-        best_value, best_pricing, theta, stall = -math.inf, None, FIRST_STEP, 0
+        steps = StepControl(FIRST_STEP)
         # the batch-sharing term: from the start where the trajectories already fit M (no KV
         # multiplier has anything to do), else once the multipliers alone stall
         sharing = bool((pricing.usage <= self.capacity).all())
         while True:
-            if best_pricing is None or pricing.value > best_value + 1e-12 * abs(best_value):
-                best_value, best_pricing, stall = pricing.value, pricing, 0
-            else:
-                stall += 1
-                if stall >= STALL_ITERATIONS:
-                    theta, stall = theta / 2, 0
-                    if not sharing and theta < FIRST_STEP / 2 ** (SHARING_AFTER_HALVINGS - 1):
-                        sharing, theta = True, FIRST_STEP
-            yield best_value, best_pricing, pricing
-            if best_value >= self.target * (1 - 1e-9):
+            if steps.record(pricing) and not sharing and steps.theta < FIRST_STEP / 2 ** (SHARING_AFTER_HALVINGS - 1):
+                sharing, steps.theta = True, FIRST_STEP
+            yield steps.best, steps.pricing, pricing
+            if steps.best >= self.target * (1 - 1e-9):
                 return
-            g = pricing.usage - self.capacity
-            g[(lam <= 0) & (g < 0)] = 0.0
-            h = pricing.tokens - self.token_capacity
-            h[(mu <= 0) & (h < 0)] = 0.0
+            g = projected_subgradient(pricing.usage - self.capacity, lam)
+            h = projected_subgradient(pricing.tokens - self.token_capacity, mu)
             norm = float(g @ g + h @ h)
             moved = sharing and self._follow_sharing(pricing)
-            if (norm == 0.0 and not moved) or theta < 1e-9:
+            if (norm == 0.0 and not moved) or steps.theta < 1e-9:
                 return  # the cheapest trajectories fit M and C (or the steps vanished): the bound is final
             if norm:
-                step = theta * (self.target - pricing.value) * self.n / norm
+                step = steps.theta * (self.target - pricing.value) * self.n / norm
                 lam = np.maximum(0.0, lam + step * g)
                 mu = np.maximum(0.0, mu + step * h)
             pricing = self.price(lam, mu)
@@ -307,6 +299,32 @@ class LagrangianBound:
             if deadline.expired() or (max_passes is not None and passes >= max_passes):
                 break
         return value, pricing, passes
+
+
+class StepControl:
+    """The best value along a subgradient path and the Polyak step fraction `theta`, halved after
+    `STALL_ITERATIONS` passes without a better value."""
+
+    def __init__(self, first: float):
+        self.theta, self.best, self.pricing, self.stall = first, -math.inf, None, 0
+
+    def record(self, pricing: Pricing) -> bool:
+        """Count one pass; True if the step has just halved."""
+        if self.pricing is None or pricing.value > self.best + 1e-12 * abs(self.best):
+            self.best, self.pricing, self.stall = pricing.value, pricing, 0
+            return False
+        self.stall += 1
+        if self.stall < STALL_ITERATIONS:
+            return False
+        self.theta, self.stall = self.theta / 2, 0
+        return True
+
+
+def projected_subgradient(excess: np.ndarray, multipliers: np.ndarray) -> np.ndarray:
+    """The subgradient of a limit's multipliers (>= 0), where a zero multiplier cannot go lower."""
+    excess = excess.copy()
+    excess[(multipliers <= 0) & (excess < 0)] = 0.0
+    return excess
 
 
 def _running_argmin(mu: np.ndarray, steps: int) -> np.ndarray:
