@@ -15,8 +15,9 @@ the master is a dynamic program over batches with state (unfinished m, work leve
 
 At eta = a0, rho = nu the master is 0 and the bound is the Lagrangian one without batch sharing;
 the two do not combine (with sharing's theta = 1 the decode work leaves the master's objective),
-so the search runs both and keeps the better (bench/results/NOTES.md: this one wins on the
-prefill-heavy code trace, batch sharing on conversation and arXiv).
+so the search runs batch sharing first and this one once that stalls, and reports the better
+(bench/results/NOTES.md: this one wins on the prefill-heavy code trace, batch sharing on
+conversation and arXiv).
 """
 from __future__ import annotations
 
@@ -27,7 +28,6 @@ import numpy as np
 
 from ..objective import Objective
 from ..workload import Instance
-from .bounds import prefill_work, request_minimum_work
 from .lagrangian import LagrangianBound, Pricing, StepControl, projected_subgradient
 
 #: the master's work levels at most (each needed total is rounded down to one: a relaxation)
@@ -157,12 +157,7 @@ class MasterBound:
         dp.alpha = 1.0
         self.H, self.n, self.intercept, self.first_prefill = dp.H, dp.n, dp.intercept, dp.first_prefill
         self.nu = dp.nu.copy()  # the DP's own nu becomes rho below
-        if objective.first_token:
-            own, alone = prefill_work(instance.prompts.astype(float), instance.cost), dp.first_prefill
-        else:
-            own = np.array([request_minimum_work(r, instance.cost) for r in instance.requests])
-            alone = dp.first_prefill + np.array([r.output for r in instance.requests]) - 1
-        self.master = CompletionMaster(own, alone, self.nu, dp.intercept, dp.H, dp.steps)
+        self.master = CompletionMaster(dp.own_work, dp.alone, self.nu, dp.intercept, dp.H, dp.steps)
         self.target = math.inf
 
     @classmethod

@@ -98,7 +98,8 @@ class LagrangianBound:
         self.refill_work[self.start + 1] = prefill_work(prompt, cost)
         self.refill_tokens = np.where(k >= 1, held, 0).astype(float)  # a refill (or first prefill) into R_k
         self.decode_root = np.sqrt(self.decode_work)
-        nu = _unfinished_at_least(instance, np.add.reduceat(self.kv, self.start), out + self.first_prefill - 1,
+        self.alone = self.first_prefill + out - 1  # the fewest batches each request needs alone
+        nu = _unfinished_at_least(instance, np.add.reduceat(self.kv, self.start), self.alone,
                                   (prompt + out - 1).astype(float))
         # after batch `flat` no count, multiplier or sharing term is left (nu = 1, lam = mu = 0), so a
         # trajectory done from there as early as it can is a cheapest one: it completes by flat + its
@@ -117,8 +118,10 @@ class LagrangianBound:
         # the smaller one's work (the k-th completion for the k smallest works), `pairwise`; the
         # bound weighs the two, `alpha` (the nu-weighted work in the DP) and 1 - alpha (pairwise)
         first_work = self.refill_work[self.start + 1]
-        own = first_work if objective.first_token else np.array([request_minimum_work(r, cost) for r in instance.requests])
-        self.pairwise = float(np.cumsum(np.sort(own)).sum())
+        # each request's least work (of its first prefill for first tokens)
+        self.own_work = first_work if objective.first_token else np.array([request_minimum_work(r, cost)
+                                                                           for r in instance.requests])
+        self.pairwise = float(np.cumsum(np.sort(self.own_work)).sum())
         self.alpha = 1.0
         self.intercept, self.capacity, self.token_capacity, self.n = cost.intercept, s.kv_capacity, s.max_batch_tokens, n
 

@@ -183,9 +183,7 @@ def search(instance: Instance, objective: Objective, constraints: Constraints, s
                             break
                         continue
                     n_pass += 1
-                    track.passes += 1
-                    track.value = max(track.value, value)
-                    track.history.append(track.value)
+                    track.history.append(max(track.value, value))
                     if (len(tracks) > 1 and track.passes > STALLED_PASSES
                             and track.value - track.history[-STALLED_PASSES - 1] <= STALLED_GAIN * abs(track.value)):
                         tracks.remove(track)  # its bound stalls: the next variant takes the time
@@ -239,10 +237,17 @@ class _Track:
     name: str
     bound: LagrangianBound | MasterBound
     iterations: object  # its `iterate` generator
-    passes: int = 0
     seconds: float = 0.0  # spent in its passes
-    value: float = -math.inf  # its best bound
     history: list = field(default_factory=list)  # its best bound after each pass
+
+    @property
+    def passes(self) -> int:
+        return len(self.history)
+
+    @property
+    def value(self) -> float:
+        """Its best bound so far."""
+        return self.history[-1] if self.history else -math.inf
 
 
 class Trajectory:
