@@ -234,13 +234,44 @@ def solve_cpsat(arrays: ModelArrays, time_limit: float, warm: np.ndarray | None,
                 fix_to_hint: bool = False, grace: float = CPSAT_GRACE, workers: int | None = None) -> BackendOutcome:
     """Every variable and coefficient must be integral (the formulation is built with `tick`).
 
+    CP-SAT runs in a child process (`run_cpsat_process`); the child reports each improving
+    solution with CP-SAT's bound. If it has not answered `grace` seconds after the limit, it is
+    killed and the last solution it reported (if any) is the outcome.
+    """
+    answer = run_cpsat_process(_solve_cpsat_here, (arrays, warm, verbose, fix_to_hint, workers or CPSAT_WORKERS),
+                               time_limit, grace=grace,
+                               on_incumbent=lambda message: progress.report(incumbent=message[1], bound=message[2]))
+    if answer.outcome is not None:
+        return answer.outcome
+    stats = {"model_status": "KILLED", "killed": answer.why}
+    if answer.last is None:
+        return BackendOutcome("unknown", None, None, -math.inf, answer.seconds, None, stats)
+    _, objective, bound, x = answer.last
+    return BackendOutcome("feasible", x, objective, bound, answer.seconds, _accepted(arrays, warm, objective), stats)
+
+
+@dataclass
+class CpsatAnswer:
+    """What `run_cpsat_process` got: the child's outcome, or (killed) the last incumbent it reported."""
+
+    outcome: object | None  # what the child's solve function returned; None if it was killed
+    last: tuple | None  # the last ("incumbent", ...) message
+    seconds: float
+    why: str = ""  # why the child was killed
+
+
+def run_cpsat_process(solve_here: Callable, payload, time_limit: float, *, grace: float = CPSAT_GRACE,
+                      on_incumbent: Callable[[tuple], None] | None = None) -> CpsatAnswer:
+    """Run `solve_here(payload, at, say, stop_conn, on_start)` (a module-level function that builds and
+    solves a CP-SAT model until the monotonic time `at`, `say`ing ("incumbent", ...) messages) in a
+    fresh child process.
+
     OR-Tools bundles its own HiGHS, whose symbols clash with highspy's when both load in one
-    process, so CP-SAT runs in a fresh child process that never imports highspy. `time_limit`
-    counts from now, the child's start-up and model building included; the child reports each
-    improving solution with CP-SAT's bound. If the child has not answered `grace` seconds after
-    the limit, it is killed and the last solution it reported (if any) is the outcome. On an
-    interrupt (kvbound.interrupt) the child is told to stop and answers with its best, or is
-    killed STOP_GRACE seconds later.
+    process, so CP-SAT never runs in kvbound's own. `time_limit` counts from now, the child's
+    start-up and model building included. If the child has not answered `grace` seconds after the
+    limit, it is killed and the answer holds the last incumbent it reported. On an interrupt
+    (kvbound.interrupt) the child is told to stop and answers with its best, or is killed
+    STOP_GRACE seconds later.
     """
     import multiprocessing as mp
 
@@ -248,13 +279,12 @@ def solve_cpsat(arrays: ModelArrays, time_limit: float, warm: np.ndarray | None,
     receive, send = ctx.Pipe(duplex=False)
     stop_receive, stop_send = ctx.Pipe(duplex=False)
     limit = Deadline(time_limit)
-    child = ctx.Process(target=_cpsat_child, daemon=True,
-                        args=(send, stop_receive, arrays, limit.at, warm, verbose, fix_to_hint, workers or CPSAT_WORKERS))
+    child = ctx.Process(target=_cpsat_child, daemon=True, args=(send, stop_receive, solve_here, payload, limit.at))
     interrupt.add_child(child)
     child.start()
     send.close()
     stop_receive.close()
-    best = None  # the last ("incumbent", objective, bound, x) the child reported
+    best = None  # the last ("incumbent", ...) the child reported
     message = None
     kill_at = limit.at + grace
     try:
@@ -267,7 +297,11 @@ def solve_cpsat(arrays: ModelArrays, time_limit: float, warm: np.ndarray | None,
                 wait = kill_at - time.monotonic()
                 if wait <= 0:
                     child.kill()
-                    return _cpsat_killed(best, limit, time_limit, warm, arrays)
+                    seconds = limit.elapsed()
+                    why = ("stopped by an interrupt" if interrupt.requested() is not None
+                           else f"CP-SAT did not return {max(0.0, seconds - time_limit):.1f} s after its "
+                                f"{time_limit:g} s limit")
+                    return CpsatAnswer(None, best, seconds, why)
                 try:
                     message = _receive(receive, child, min(wait, 0.1))
                 except KeyboardInterrupt:  # no handler installed (a library caller): stop, keep the best
@@ -275,7 +309,8 @@ def solve_cpsat(arrays: ModelArrays, time_limit: float, warm: np.ndarray | None,
                     continue
                 if message is not None and message[0] == "incumbent":
                     best = message
-                    progress.report(incumbent=message[1], bound=message[2])
+                    if on_incumbent is not None:
+                        on_incumbent(message)
     finally:
         child.join(timeout=5)
         if child.is_alive():
@@ -287,19 +322,7 @@ def solve_cpsat(arrays: ModelArrays, time_limit: float, warm: np.ndarray | None,
     kind, payload = message
     if kind == "error":
         raise payload
-    return payload
-
-
-def _cpsat_killed(best, limit: Deadline, time_limit: float, warm, arrays: ModelArrays) -> BackendOutcome:
-    """The outcome of a CP-SAT process that was killed: its last reported solution and bound, if any."""
-    seconds = limit.elapsed()
-    why = ("stopped by an interrupt" if interrupt.requested() is not None
-           else f"CP-SAT did not return {max(0.0, seconds - time_limit):.1f} s after its {time_limit:g} s limit")
-    stats = {"model_status": "KILLED", "killed": why}
-    if best is None:
-        return BackendOutcome("unknown", None, None, -math.inf, seconds, None, stats)
-    _, objective, bound, x = best
-    return BackendOutcome("feasible", x, objective, bound, seconds, _accepted(arrays, warm, objective), stats)
+    return CpsatAnswer(payload, best, limit.elapsed())
 
 
 def _accepted(arrays: ModelArrays, warm, objective) -> bool | None:
@@ -321,7 +344,7 @@ def _receive(conn, child, timeout: float | None):
         raise RuntimeError(f"the CP-SAT process ended without an answer (exit code {child.exitcode})") from None
 
 
-def _cpsat_child(conn, stop_conn, arrays, at, warm, verbose, fix_to_hint, workers) -> None:
+def _cpsat_child(conn, stop_conn, solve_here, payload, at) -> None:
     # the parent handles Ctrl-C and tells this process to stop; it dies with the parent
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     interrupt.die_with_parent()
@@ -332,19 +355,20 @@ def _cpsat_child(conn, stop_conn, arrays, at, warm, verbose, fix_to_hint, worker
             conn.send(message)
 
     try:
-        say(("done", _solve_cpsat_here(arrays, at, warm, verbose, fix_to_hint, workers,
-                                       on_start=lambda: say(("solving", None)), say=say, stop_conn=stop_conn)))
+        say(("done", solve_here(payload, at, say, stop_conn, on_start=lambda: say(("solving", None)))))
     except BaseException as exc:  # handed to the parent, which raises it
         say(("error", exc))
     finally:
         conn.close()
 
 
-def _solve_cpsat_here(arrays: ModelArrays, at: float, warm: np.ndarray | None, verbose: bool,
-                      fix_to_hint: bool, workers: int, on_start=lambda: None, say=None, stop_conn=None) -> BackendOutcome:
-    """CP-SAT in this process until the monotonic time `at`; `say` gets each improving solution,
-    a message on `stop_conn` stops the search."""
+def _solve_cpsat_here(payload, at: float, say=None, stop_conn=None, on_start=lambda: None) -> BackendOutcome:
+    """CP-SAT on the model arrays in this process until the monotonic time `at`; `say` gets each
+    improving solution, a message on `stop_conn` stops the search. `payload`: (arrays, warm start,
+    verbose, fix_to_hint, workers)."""
     from ortools.sat.python import cp_model
+
+    arrays, warm, verbose, fix_to_hint, workers = payload
 
     if not (arrays.integrality.all() or _all_integral(arrays.col_lb) and _all_integral(arrays.col_ub)):
         raise ValueError("CP-SAT needs an all-integer model (build the formulation with tick)")
@@ -392,12 +416,7 @@ def _solve_cpsat_here(arrays: ModelArrays, at: float, warm: np.ndarray | None, v
     offset = arrays.objective_offset
     on_start()
     solver.parameters.max_time_in_seconds = float(max(at - time.monotonic(), 0.01))
-    if stop_conn is not None:
-        def wait_for_stop():
-            with contextlib.suppress(EOFError, OSError):
-                stop_conn.recv()
-                solver.stop_search()
-        threading.Thread(target=wait_for_stop, daemon=True).start()
+    stop_on_message(solver, stop_conn)
     callback = _Incumbents(xs, offset, say) if say is not None else None
     t0 = time.perf_counter()
     st = solver.Solve(md, callback)
@@ -418,6 +437,18 @@ def _solve_cpsat_here(arrays: ModelArrays, at: float, warm: np.ndarray | None, v
     stats = {"model_status": solver.StatusName(st), "branches": int(solver.NumBranches()),
              "conflicts": int(solver.NumConflicts())}
     return BackendOutcome(status, x, objective, bound, seconds, accepted, stats)
+
+
+def stop_on_message(solver, stop_conn) -> None:
+    """Stop `solver` (a CpSolver) when a message comes on `stop_conn` (the parent's interrupt)."""
+    if stop_conn is None:
+        return
+
+    def wait_for_stop():
+        with contextlib.suppress(EOFError, OSError):
+            stop_conn.recv()
+            solver.stop_search()
+    threading.Thread(target=wait_for_stop, daemon=True).start()
 
 
 def _Incumbents(xs, offset: float, say):

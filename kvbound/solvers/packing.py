@@ -1,0 +1,207 @@
+"""Packed schedules for total latency: each request runs as it would alone, without a pause, from a
+start batch chosen so that every batch keeps within M, C and P (docs/formulation.md, "Packed schedules").
+
+Without arrivals and evictions, total latency is the intercept times the number of batches plus
+work that the schedule does not change (per token, decode KV reads, and the chunked prefill
+attention, which telescopes to I^2), so fewer batches is a shorter schedule. A request run without
+pauses from batch s holds in its k-th batch what it holds alone there (its `Profile`), so the
+starts are a cumulative scheduling problem: a greedy earliest fit in several orders, then CP-SAT's
+interval model (two or three cumulative resources, minimum makespan) improves the best of them
+until its deadline. Decode batches are charged per segment of SEGMENT batches at the segment's
+largest KV (at most a block more than they hold), so every CP-SAT solution fits; the validator
+checks every schedule anyway, and the search keeps one only if the validator's latency is lower.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..deadline import Deadline
+from ..schedule import Batch, Schedule, validate
+from ..workload import Instance, SystemConfig
+from .backends import run_cpsat_process, stop_on_message
+
+#: decode batches charged together, at their largest KV (fewer intervals for CP-SAT)
+SEGMENT = 16
+#: tokens a prefill chunk leaves in its batch for other requests' decodes (where C allows it)
+DECODE_ROOM = 16
+#: CP-SAT's search threads (its LNS workers do the improving)
+WORKERS = 8
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A request run alone without pauses: per batch the tokens it processes and the KV charged for
+    it (nondecreasing), and how many of its batches are prefill chunks (the first ones)."""
+
+    tokens: np.ndarray
+    kv: np.ndarray
+    prefill_batches: int
+
+    @property
+    def batches(self) -> int:
+        return len(self.tokens)
+
+    def segments(self) -> list[tuple[int, int]]:
+        """(offset, length): each prefill chunk alone, then the decodes SEGMENT at a time."""
+        out = [(j, 1) for j in range(self.prefill_batches)]
+        out += [(j, min(SEGMENT, self.batches - j)) for j in range(self.prefill_batches, self.batches, SEGMENT)]
+        return out
+
+
+def chunk_size(system: SystemConfig) -> int:
+    """Prefill chunk of a packed request: leaves DECODE_ROOM tokens for decodes where C is large."""
+    p = system.prefill_per_batch
+    room = DECODE_ROOM if system.max_batch_tokens - DECODE_ROOM >= 4 * DECODE_ROOM else 0
+    return max(1, min(p, system.max_batch_tokens - room))
+
+
+def profiles(instance: Instance) -> list[Profile]:
+    """Every request's `Profile`; the KV each batch holds comes from the semantics (the validator
+    replaying the request alone)."""
+    chunk = chunk_size(instance.system)
+    out = []
+    for r in instance.requests:
+        alone = Instance([type(r)(r.prompt, r.output, 0.0)], instance.system, instance.cost, "alone")
+        prefill = [chunk] * (r.prompt // chunk) + ([r.prompt % chunk] if r.prompt % chunk else [])
+        tokens = np.array(prefill + [1] * (r.output - 1), dtype=np.int64)
+        held = validate(alone, Schedule(alone.requests, [Batch({0: int(c)}) for c in tokens])).batch_kv
+        kv = np.maximum.accumulate(held.astype(np.int64))
+        for j, length in [(j, n) for j, n in Profile(tokens, kv, len(prefill)).segments() if n > 1]:
+            kv[j:j + length] = kv[j + length - 1]
+        out.append(Profile(tokens, kv, len(prefill)))
+    return out
+
+
+def greedy_starts(profiles: list[Profile], system: SystemConfig, order) -> np.ndarray:
+    """Earliest-fit starts, request by request in `order`. Where a KV profile starting at t does not
+    fit at batch t + j, no start up to t + j - i does either, i being the longest prefix of the
+    profile that fits there (the profile is nondecreasing): the scan jumps there."""
+    M, C, P = system.kv_capacity, system.max_batch_tokens, system.prefill_per_batch
+    horizon = sum(p.batches for p in profiles)
+    kv = np.zeros(horizon, dtype=np.int64)
+    tokens = np.zeros(horizon, dtype=np.int64)
+    prefill = np.zeros(horizon, dtype=np.int64)
+    starts = np.zeros(len(profiles), dtype=np.int64)
+    for r in order:
+        p = profiles[r]
+        n, np_ = p.batches, p.prefill_batches
+        t = 0
+        while True:
+            kv_over = np.nonzero(kv[t:t + n] + p.kv > M)[0]
+            if (not len(kv_over) and (tokens[t:t + n] + p.tokens <= C).all()
+                    and (prefill[t:t + np_] + p.tokens[:np_] <= P).all()):
+                break
+            step = 1
+            if len(kv_over):
+                fits = np.searchsorted(p.kv, M - kv[t + kv_over], side="right") - 1
+                step = max(step, int((kv_over - fits).max()))
+            t += step
+        kv[t:t + n] += p.kv
+        tokens[t:t + n] += p.tokens
+        prefill[t:t + np_] += p.tokens[:np_]
+        starts[r] = t
+    return starts
+
+
+def packed_schedule(instance: Instance, profiles: list[Profile], starts) -> Schedule:
+    """The schedule of these starts: request r's k-th batch of its profile in batch starts[r] + k
+    (batches no request is in are left out)."""
+    span = max(int(s) + p.batches for s, p in zip(starts, profiles))
+    batches: list[dict[int, int]] = [{} for _ in range(span)]
+    for r, (s, p) in enumerate(zip(starts, profiles)):
+        for k, c in enumerate(p.tokens):
+            batches[int(s) + k][r] = int(c)
+    return Schedule(instance.requests, [Batch(b) for b in batches if b])
+
+
+@dataclass
+class Packing:
+    """The best packed schedule found (None if none fit) and how it was found."""
+
+    schedule: Schedule | None
+    batches: int
+    stats: dict = field(default_factory=dict)
+
+
+def pack(instance: Instance, deadline: Deadline, orders: dict[str, np.ndarray] | None = None) -> Packing:
+    """Greedy packings in `orders` (and a few of its own), then CP-SAT from the best until `deadline`."""
+    profs = profiles(instance)
+    lengths = np.array([p.batches for p in profs])
+    orders = dict(orders or {})
+    orders.update({"longest first": np.argsort(-lengths, kind="stable"),
+                   "largest prompt first": np.argsort(-instance.prompts, kind="stable"),
+                   "largest peak KV first": np.argsort(-np.array([p.kv[-1] for p in profs]), kind="stable")})
+    best_starts, best_span, best_order = None, math.inf, ""
+    for name, order in orders.items():
+        if deadline.expired():
+            break
+        starts = greedy_starts(profs, instance.system, order)
+        span = int((starts + lengths).max())
+        if span < best_span:
+            best_starts, best_span, best_order = starts, span, name
+    stats = {"greedy_batches": None if best_starts is None else best_span, "greedy_order": best_order}
+    if best_starts is None:
+        return Packing(None, 0, stats)
+    remaining = deadline.remaining()
+    if remaining > 1.0:
+        s = instance.system
+        payload = ([(p.segments(), p.kv, p.tokens, p.prefill_batches) for p in profs], lengths,
+                   (s.kv_capacity, s.max_batch_tokens, s.prefill_per_batch), best_starts, best_span, WORKERS)
+        answer = run_cpsat_process(_solve_packing_here, payload, max(0.0, remaining - 0.5))
+        found = answer.outcome if answer.outcome is not None else answer.last
+        if found is not None and found[1] is not None and found[1] < best_span:
+            best_starts, best_span = np.asarray(found[3], dtype=np.int64), int(found[1])
+        stats.update({"cpsat_batches": None if found is None else found[1],
+                      "cpsat_bound": None if found is None else found[2],
+                      "cpsat_seconds": round(answer.seconds, 3)})
+    return Packing(packed_schedule(instance, profs, best_starts), best_span, stats)
+
+
+def _solve_packing_here(payload, at: float, say=None, stop_conn=None, on_start=lambda: None):
+    """The CP-SAT model of the starts (run in a child process by `run_cpsat_process`): one fixed-size
+    interval per segment of each request, cumulative on KV (M), tokens (C) and prefill tokens (P),
+    minimum makespan, hinted with the greedy starts. Answers ("done", batches, bound, starts)."""
+    import time
+
+    from ortools.sat.python import cp_model
+
+    segments, lengths, (M, C, P), hint, horizon, workers = payload
+    model = cp_model.CpModel()
+    starts = [model.NewIntVar(0, int(horizon - n), f"start{r}") for r, n in enumerate(lengths)]
+    kv_items, token_items, prefill_items = [], [], []
+    for r, (segs, kv, tokens, prefill_batches) in enumerate(segments):
+        for offset, length in segs:
+            interval = model.NewFixedSizeIntervalVar(starts[r] + offset, length, f"r{r}k{offset}")
+            kv_items.append((interval, int(kv[offset + length - 1])))
+            token_items.append((interval, int(tokens[offset:offset + length].max())))
+            if offset < prefill_batches:
+                prefill_items.append((interval, int(tokens[offset])))
+    resources = [(kv_items, M), (token_items, C)] + ([(prefill_items, P)] if P < C else [])
+    for items, capacity in resources:
+        model.AddCumulative([i for i, _ in items], [d for _, d in items], int(capacity))
+    span = model.NewIntVar(0, int(horizon), "span")
+    model.AddMaxEquality(span, [s + int(n) for s, n in zip(starts, lengths)])
+    model.Minimize(span)
+    for s, h in zip(starts, hint):
+        model.AddHint(s, int(h))
+    model.AddHint(span, int(horizon))
+    solver = cp_model.CpSolver()
+    solver.parameters.catch_sigint_signal = False  # the parent decides (kvbound.interrupt)
+    solver.parameters.num_workers = workers
+    stop_on_message(solver, stop_conn)
+
+    class Report(cp_model.CpSolverSolutionCallback):
+        def on_solution_callback(self):
+            if say is not None:
+                say(("incumbent", int(self.ObjectiveValue()), self.BestObjectiveBound(),
+                     [self.Value(s) for s in starts]))
+
+    on_start()
+    solver.parameters.max_time_in_seconds = float(max(at - time.monotonic(), 0.01))
+    status = solver.Solve(model, Report())
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return ("done", None, solver.BestObjectiveBound(), None)
+    return ("done", int(solver.ObjectiveValue()), solver.BestObjectiveBound(), [solver.Value(s) for s in starts])
