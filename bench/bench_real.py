@@ -101,6 +101,10 @@ def run_point(case: str, objective: str, time_limit: float) -> dict:
     elif "search" in stats:
         model = (f"no model, Lagrangian search: {stats.get('lagrangian_passes', 0)} bound passes, "
                  f"{stats.get('patterns_simulated', 0)} admission patterns simulated")
+        if stats.get("packing"):
+            packing = stats["packing"]
+            model += (f", packing {packing['greedy_batches']} batches (greedy)"
+                      + (f" -> {packing['cpsat_batches']} (CP-SAT)" if packing.get("cpsat_batches") else ""))
     elif "stopped" in stats:
         model = f"stopped: {stats['stopped']}"
     else:

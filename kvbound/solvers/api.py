@@ -361,7 +361,8 @@ def _search(instance, options, plan: _Plan, best: Candidate, cands, analytic: fl
     kind, size = plan.kind, plan.size
     why_not = "" if options.formulation == SEARCH else \
         f"the {kind.name} model would have ~{size:,} variables (auto's limit {min(MODEL_LIMIT, AUTO_BIGM_LIMIT) if kind.name == 'bigm' else MODEL_LIMIT:,}); "
-    attempt = _Attempt.without_model(search=why_not + "Lagrangian bound and admission-pattern search", **found.stats,
+    what = "packing, " if "packing" in found.stats else ""
+    attempt = _Attempt.without_model(search=why_not + what + "Lagrangian bound and admission-pattern search", **found.stats,
                                      lagrangian_bound=found.bound if math.isfinite(found.bound) else None)
     attempt.lagrangian, attempt.found = found.bound, extra
     return attempt

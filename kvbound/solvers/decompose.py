@@ -178,7 +178,8 @@ def search(instance: Instance, objective: Objective, constraints: Constraints, s
             for base in bases:
                 consider(Pattern(admitted, admitted.copy(), base), "pattern")
                 consider(Pattern(admitted, None, base), "pattern")
-        if not objective.is_mean and instance.offline:  # total latency = batches: pack the requests
+        proven = known_bound >= best.value * (1 - 1e-9)
+        if not objective.is_mean and instance.offline and not proven:  # total latency = batches: pack the requests
             orders = {f"heuristic {k}": np.argsort(admission_keys(s, len(instance)), kind="stable")
                       for k, s in enumerate((start, *others))}
             packing = pack(instance, deadline.share(PACKING_SHARE), orders)

@@ -163,7 +163,7 @@ def pack(instance: Instance, deadline: Deadline, orders: dict[str, np.ndarray] |
 def _solve_packing_here(payload, at: float, say=None, stop_conn=None, on_start=lambda: None):
     """The CP-SAT model of the starts (run in a child process by `run_cpsat_process`): one fixed-size
     interval per segment of each request, cumulative on KV (M), tokens (C) and prefill tokens (P),
-    minimum makespan, hinted with the greedy starts. Answers ("done", batches, bound, starts)."""
+    minimum makespan, hinted with the greedy starts. Answers ("final", batches, bound, starts)."""
     import time
 
     from ortools.sat.python import cp_model
@@ -203,5 +203,5 @@ def _solve_packing_here(payload, at: float, say=None, stop_conn=None, on_start=l
     solver.parameters.max_time_in_seconds = float(max(at - time.monotonic(), 0.01))
     status = solver.Solve(model, Report())
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return ("done", None, solver.BestObjectiveBound(), None)
-    return ("done", int(solver.ObjectiveValue()), solver.BestObjectiveBound(), [solver.Value(s) for s in starts])
+        return ("final", None, solver.BestObjectiveBound(), None)
+    return ("final", int(solver.ObjectiveValue()), solver.BestObjectiveBound(), [solver.Value(s) for s in starts])
