@@ -8,9 +8,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvbound.deadline import Deadline
+from kvbound.formulation.base import Constraints
+from kvbound.objective import Objective
 from kvbound.schedule import Batch, Schedule, validate
 from kvbound.schedulers import run_scheduler
-from kvbound.solvers.api import solve
+from kvbound.solvers import decompose
+from kvbound.solvers.api import satisfies, solve
 from kvbound.solvers.packing import (SEGMENT, Profile, chunk_size, greedy_starts, pack, packed_schedule,
                                      profiles)
 from kvbound.costs.presets import PRESETS
@@ -99,3 +102,18 @@ def test_search_keeps_a_packed_schedule_only_through_the_validator(shared_data):
     assert result.lower_bound <= result.objective
     assert result.source == "packed" and result.objective < heuristic_best(inst)
     assert result.backend_stats["packing"]["greedy_batches"] is not None
+
+
+@pytest.mark.parametrize("constraints", [Constraints(), Constraints(no_hybrid=True), Constraints(no_chunk=True)])
+def test_search_packs_only_where_packed_schedules_can_meet_the_constraints(constraints):
+    from .test_lagrangian import conv_like
+
+    inst = conv_like()
+    start = run_scheduler(inst, "sjf-mc")
+    deadline = Deadline(3.0)
+    found = decompose.search(inst, Objective.parse("total_latency"), constraints, start.schedule,
+                             start.replay.metrics.total_latency, deadline, decompose.Trajectory(deadline), satisfies)
+    assert ("packing" in found.stats) == (constraints == Constraints())
+    if found.schedule is not None:
+        assert satisfies(inst, found.schedule, constraints)
+        validate(inst, found.schedule)

@@ -34,7 +34,7 @@ from ..schedule import Metrics, Schedule, validate
 from ..schedulers import get_scheduler, simulate
 from ..schedulers.unified import OrderedScheduler, UnifiedScheduler
 from ..workload import Instance
-from .packing import pack
+from .packing import applies as packing_applies, pack
 
 #: the unified presets whose admission order the search permutes
 ORDERED_BASES = ("sjf-mc", "rank-i", "srpt", "srpt:ratio=2", "sjf-mc:prefill_limit=512")
@@ -179,7 +179,7 @@ def search(instance: Instance, objective: Objective, constraints: Constraints, s
                 consider(Pattern(admitted, admitted.copy(), base), "pattern")
                 consider(Pattern(admitted, None, base), "pattern")
         proven = known_bound >= best.value * (1 - 1e-9)
-        if not objective.is_mean and instance.offline and not proven:  # total latency = batches: pack the requests
+        if not objective.is_mean and packing_applies(instance, constraints) and not proven:  # total latency ~ batches
             orders = {f"heuristic {k}": np.argsort(admission_keys(s, len(instance)), kind="stable")
                       for k, s in enumerate((start, *others))}
             packing = pack(instance, deadline.share(PACKING_SHARE), orders)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..deadline import Deadline
+from ..formulation.base import Constraints
 from ..schedule import Batch, Schedule, validate
 from ..workload import Instance, SystemConfig
 from .backends import run_cpsat_process, stop_on_message
@@ -49,6 +50,13 @@ class Profile:
         out = [(j, 1) for j in range(self.prefill_batches)]
         out += [(j, min(SEGMENT, self.batches - j)) for j in range(self.prefill_batches, self.batches, SEGMENT)]
         return out
+
+
+def applies(instance: Instance, constraints: Constraints) -> bool:
+    """Packed schedules chunk prefills, mix them with decodes and admit in any order: they serve
+    cases where every request is there from the start and no constraint forbids these."""
+    return (instance.offline and not (constraints.no_chunk or constraints.no_hybrid)
+            and constraints.max_batch_size is None and constraints.admission_order is None)
 
 
 def chunk_size(system: SystemConfig) -> int:
