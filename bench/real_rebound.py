@@ -37,9 +37,16 @@ def rebound(row: dict, cases: Path) -> dict:
     new = max(old, top.value)
     return {"case": row["case"], "run": row["run"], "objective": row["objective"], "limit s": row["time_limit_s"],
             "best (s)": f"{best:.6g}",
-            "bound in run (s)": f"{old:.6g}", "gap in run": f"{(best - old) / best:.2%}",
+            "bound in run (s)": f"{old:.6g}", "gap in run": f"{_gap(best, old):.2%}",
             "analytic now (s)": f"{top.value:.6g}", "binding now": top.name if top.value > old else row["binding_bound"],
-            "gap now": f"{(best - new) / best:.2%}"}
+            "gap now": f"{_gap(best, new):.2%}"}
+
+
+def _gap(best: float, bound: float) -> float:
+    """(best - bound) / best, with a rounding-level difference (a bound equal to the schedule's
+    value, summed in another order) shown as 0 rather than -0.00%."""
+    gap = (best - bound) / best
+    return 0.0 if abs(gap) < 1e-9 else gap
 
 
 def main(argv=None) -> int:

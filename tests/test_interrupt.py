@@ -211,3 +211,16 @@ def test_an_abandoned_solver_thread_never_aborts_the_interpreter(tmp_path, sleep
     assert proc.returncode == status, proc.stderr
     assert proc.stdout == "done\n" and marker.exists() == returned
     assert time.monotonic() - t0 < 15
+
+
+def test_a_cpsat_child_starts_deaf_to_ctrl_c():
+    # a terminal's Ctrl-C reaches the whole process group, the CP-SAT child too, possibly while it
+    # still imports: it is started with SIGINT ignored, which exec keeps and Python then leaves alone
+    from kvbound.solvers.backends import _sigint_ignored
+
+    probe = "import signal; print(signal.getsignal(signal.SIGINT) == signal.SIG_IGN)"
+    with _sigint_ignored():
+        deaf = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    hearing = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert deaf.stdout.strip() == "True" and hearing.stdout.strip() == "False"
+    assert signal.getsignal(signal.SIGINT) != signal.SIG_IGN  # this process hears it again

@@ -281,7 +281,8 @@ def run_cpsat_process(solve_here: Callable, payload, time_limit: float, *, grace
     limit = Deadline(time_limit)
     child = ctx.Process(target=_cpsat_child, daemon=True, args=(send, stop_receive, solve_here, payload, limit.at))
     interrupt.add_child(child)
-    child.start()
+    with _sigint_ignored():  # a Ctrl-C reaches the whole process group: the child starts deaf to it
+        child.start()
     send.close()
     stop_receive.close()
     best = None  # the last ("incumbent", ...) the child reported
@@ -323,6 +324,22 @@ def run_cpsat_process(solve_here: Callable, payload, time_limit: float, *, grace
     if kind == "error":
         raise payload
     return CpsatAnswer(payload, best, limit.elapsed())
+
+
+@contextlib.contextmanager
+def _sigint_ignored():
+    """SIGINT ignored meanwhile (main thread only), so that a process started here inherits the
+    ignored disposition through exec: Python installs its KeyboardInterrupt handler only where
+    SIGINT is at its default, so a Ctrl-C during the child's start-up (imports) cannot end it with a
+    traceback. Only the few milliseconds of the start are deaf in this process."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _accepted(arrays: ModelArrays, warm, objective) -> bool | None:
