@@ -170,14 +170,18 @@ def search(instance: Instance, objective: Objective, constraints: Constraints, s
     packing_stats = None
     try:
         seeds = set()  # two heuristics may give the same schedule (srpt at ratio 1 and 2): one pattern
-        for schedule in (start, *others):  # good schedules' own patterns, with and without their admission batches
+
+        def seed(schedule: Schedule) -> None:  # a good schedule's own pattern, with and without its admission batches
             admitted = admission_keys(schedule, len(instance))
             if admitted.tobytes() in seeds:
-                continue
+                return
             seeds.add(admitted.tobytes())
             for base in bases:
                 consider(Pattern(admitted, admitted.copy(), base), "pattern")
                 consider(Pattern(admitted, None, base), "pattern")
+
+        for schedule in (start, *others):
+            seed(schedule)
         proven = known_bound >= best.value * (1 - 1e-9)
         if not objective.is_mean and packing_applies(instance, constraints) and not proven:  # total latency ~ batches
             orders = {f"heuristic {k}": np.argsort(admission_keys(s, len(instance)), kind="stable")
@@ -186,6 +190,9 @@ def search(instance: Instance, objective: Objective, constraints: Constraints, s
             packing_stats = packing.stats
             if packing.schedule is not None:
                 offer(packing.schedule, "packed")
+                # its admission order served by the presets, which may pause or evict: on 30 tight
+                # arXiv requests sjf-mc in the packed order did 14.436 s against its 14.510 s
+                seed(packing.schedule)
         while not deadline.expired():
             if tracks:
                 pricing = track = None
