@@ -80,17 +80,19 @@ def heuristic_best(inst: Instance) -> float:
     return min(run_scheduler(inst, name).replay.metrics.total_latency for name in ("rank-i", "sjf-mc", "sarathi"))
 
 
-def test_cpsat_starts_are_valid_and_beat_the_heuristics_when_m_is_tight(shared_data):
+def test_the_greedy_beats_the_heuristics_when_m_is_tight_and_cpsat_only_improves_it(shared_data):
     inst = tight_instance(20)
+    greedy = pack(inst, Deadline(0.5))  # under a second left: the greedy alone, no CP-SAT
+    assert "cpsat_batches" not in greedy.stats
+    greedy_value = validate(inst, greedy.schedule).metrics.total_latency
+    assert greedy_value < heuristic_best(inst)  # measured: 10.870 s against rank-i's 10.963 s
     found = pack(inst, Deadline(6.0))
-    assert found.schedule is not None
     replay = validate(inst, found.schedule)
-    assert len(replay.batch_end) <= found.batches <= found.stats["greedy_batches"]
+    assert len(replay.batch_end) <= found.batches <= found.stats["greedy_batches"] == greedy.batches
     assert found.stats["cpsat_batches"] is not None
     # CP-SAT's bound on its own (no-pause, no-eviction) model is below what it found
     assert found.stats["cpsat_bound"] <= found.stats["cpsat_batches"]
-    # measured: 10.60 s against rank-i's 10.96 s
-    assert replay.metrics.total_latency < 0.99 * heuristic_best(inst)
+    assert replay.metrics.total_latency <= greedy_value * (1 + 1e-12)
 
 
 def test_search_keeps_a_packed_schedule_only_through_the_validator(shared_data):
@@ -100,7 +102,10 @@ def test_search_keeps_a_packed_schedule_only_through_the_validator(shared_data):
     checked = validate(inst, result.schedule).metrics.total_latency
     assert checked == pytest.approx(result.objective, rel=1e-12)
     assert result.lower_bound <= result.objective
-    assert result.source == "packed" and result.objective < heuristic_best(inst)
+    # the packed schedule, or a pattern seeded by its admission order, at least as good as the greedy's
+    greedy = validate(inst, pack(inst, Deadline(0.5)).schedule).metrics.total_latency
+    assert result.source == "packed" or result.source.startswith("pattern:")
+    assert result.objective <= greedy * (1 + 1e-12)
     assert result.backend_stats["packing"]["greedy_batches"] is not None
 
 
