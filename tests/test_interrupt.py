@@ -219,8 +219,14 @@ def test_a_cpsat_child_starts_deaf_to_ctrl_c():
     from kvbound.solvers.backends import _sigint_ignored
 
     probe = "import signal; print(signal.getsignal(signal.SIGINT) == signal.SIG_IGN)"
-    with _sigint_ignored():
-        deaf = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
-    hearing = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    # as in a terminal (a job started in the background, as CI may run the suite, has it ignored)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with _sigint_ignored():
+            deaf = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+        hearing = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+        after = signal.getsignal(signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert deaf.stdout.strip() == "True" and hearing.stdout.strip() == "False"
-    assert signal.getsignal(signal.SIGINT) != signal.SIG_IGN  # this process hears it again
+    assert after is signal.default_int_handler  # this process hears it again
