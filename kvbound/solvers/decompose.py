@@ -157,6 +157,10 @@ def search(instance: Instance, objective: Objective, constraints: Constraints, s
         for track in tracks:
             track.bound.target = checked  # Polyak steps aim at the best value known
 
+    def proven() -> bool:
+        """The best schedule meets a certified bound (the Lagrangian one or `known_bound`): optimal."""
+        return max(best.bound, known_bound) >= best.value * (1 - 1e-9)
+
     tracks: list[_Track] = []
     why_none = "none for total latency" if not objective.is_mean else "none: no pass finished in time"
     if objective.is_mean:
@@ -182,8 +186,7 @@ def search(instance: Instance, objective: Objective, constraints: Constraints, s
 
         for schedule in (start, *others):
             seed(schedule)
-        proven = known_bound >= best.value * (1 - 1e-9)
-        if not objective.is_mean and packing_applies(instance, constraints) and not proven:  # total latency ~ batches
+        if not objective.is_mean and packing_applies(instance, constraints) and not proven():  # total latency ~ batches
             orders = {f"heuristic {k}": np.argsort(admission_keys(s, len(instance)), kind="stable")
                       for k, s in enumerate((start, *others))}
             packing = pack(instance, deadline.share(PACKING_SHARE), orders)
@@ -237,8 +240,8 @@ def search(instance: Instance, objective: Objective, constraints: Constraints, s
                         for name, pattern in (("lagrangian", Pattern(keys, hold, base)),
                                               ("lagrangian-order", Pattern(keys, None, base))):
                             consider(pattern, name)
-            if max(best.bound, known_bound) >= best.value * (1 - 1e-9):
-                break  # proven optimal
+            if proven():
+                break
             for move in range(ROUND_MOVES if incumbent is not None else 0):  # moves from the best patterns so far
                 if deadline.expired():
                     break

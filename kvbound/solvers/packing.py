@@ -14,6 +14,7 @@ checks every schedule anyway, and the search keeps one only if the validator's l
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -156,8 +157,7 @@ def pack(instance: Instance, deadline: Deadline, orders: dict[str, np.ndarray] |
     remaining = deadline.remaining()
     if remaining > 1.0:
         s = instance.system
-        payload = ([(p.segments(), p.kv, p.tokens, p.prefill_batches) for p in profs], lengths,
-                   (s.kv_capacity, s.max_batch_tokens, s.prefill_per_batch), best_starts, best_span, WORKERS)
+        payload = (profs, (s.kv_capacity, s.max_batch_tokens, s.prefill_per_batch), best_starts, best_span, WORKERS)
         answer = run_cpsat_process(_solve_packing_here, payload, max(0.0, remaining - 0.5))
         found = answer.outcome if answer.outcome is not None else answer.last
         if found is not None and found[1] is not None and found[1] < best_span:
@@ -172,21 +172,20 @@ def _solve_packing_here(payload, at: float, say=None, stop_conn=None, on_start=l
     """The CP-SAT model of the starts (run in a child process by `run_cpsat_process`): one fixed-size
     interval per segment of each request, cumulative on KV (M), tokens (C) and prefill tokens (P),
     minimum makespan, hinted with the greedy starts. Answers ("final", batches, bound, starts)."""
-    import time
-
     from ortools.sat.python import cp_model
 
-    segments, lengths, (M, C, P), hint, horizon, workers = payload
+    profs, (M, C, P), hint, horizon, workers = payload
+    lengths = [p.batches for p in profs]
     model = cp_model.CpModel()
     starts = [model.NewIntVar(0, int(horizon - n), f"start{r}") for r, n in enumerate(lengths)]
     kv_items, token_items, prefill_items = [], [], []
-    for r, (segs, kv, tokens, prefill_batches) in enumerate(segments):
-        for offset, length in segs:
+    for r, p in enumerate(profs):
+        for offset, length in p.segments():
             interval = model.NewFixedSizeIntervalVar(starts[r] + offset, length, f"r{r}k{offset}")
-            kv_items.append((interval, int(kv[offset + length - 1])))
-            token_items.append((interval, int(tokens[offset:offset + length].max())))
-            if offset < prefill_batches:
-                prefill_items.append((interval, int(tokens[offset])))
+            kv_items.append((interval, int(p.kv[offset + length - 1])))
+            token_items.append((interval, int(p.tokens[offset:offset + length].max())))
+            if offset < p.prefill_batches:
+                prefill_items.append((interval, int(p.tokens[offset])))
     resources = [(kv_items, M), (token_items, C)] + ([(prefill_items, P)] if P < C else [])
     for items, capacity in resources:
         model.AddCumulative([i for i, _ in items], [d for _, d in items], int(capacity))
