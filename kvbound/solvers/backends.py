@@ -76,9 +76,11 @@ def _stdout_to_stderr():
 
 def solve_highs(arrays: ModelArrays, time_limit: float, warm: np.ndarray | None, *, relax: bool = False,
                 verbose: bool = False, gap: float = 1e-9, presolve: bool = True) -> BackendOutcome:
-    """HiGHS on the arrays. A MIP solve whose bound ends above the (feasible) warm start is
-    repeated without presolve: HiGHS 1.13 to 1.15's MIP presolve can cut off the optimum
-    (tests/test_solvers.py::test_highs_presolve_that_cuts_off_the_optimum_is_caught)."""
+    """HiGHS on the arrays. A MIP solve whose bound ends above the (feasible) warm start, or whose
+    reported objective is not its solution's, is repeated without presolve: HiGHS 1.13 to 1.15's
+    MIP presolve can cut off the optimum, and 1.16's can hand back the warm start as "optimal" with
+    a smaller objective (tests/test_solvers.py::test_highs_presolve_that_cuts_off_the_optimum_is_caught,
+    ::test_highs_answer_whose_objective_is_not_its_solution_is_solved_again)."""
     import highspy
 
     deadline = Deadline(time_limit)
@@ -154,13 +156,25 @@ def solve_highs(arrays: ModelArrays, time_limit: float, warm: np.ndarray | None,
         accepted = objective is not None and objective <= warm_obj + 1e-9 * (1 + abs(warm_obj))
     stats = {"model_status": h.modelStatusToString(ms), "nodes": int(info.mip_node_count),
              "interrupted": ms == MS.kInterrupt}
-    if warm is not None and presolve and bound_above(bound, warm_obj) and not arrays.check(warm) \
-            and not deadline.expired():
+    own = None if x is None else float(arrays.objective @ x + arrays.objective_offset)
+    retry = None
+    if own is not None and not _same_value(objective, own):
+        retry = f"objective {objective} is not its solution's {own}"
+    elif warm is not None and bound_above(bound, warm_obj) and not arrays.check(warm):
+        retry = f"bound {bound} above the feasible warm start's {warm_obj}"
+    if retry is not None and presolve and not deadline.expired():
         again = solve_highs(arrays, max(deadline.remaining(), 1.0), warm, verbose=verbose, gap=gap, presolve=False)
-        again.stats["presolve_retry"] = f"bound {bound} above the feasible warm start's {warm_obj}: solved again without presolve"
+        again.stats["presolve_retry"] = f"{retry}: solved again without presolve"
         again.seconds += seconds
         return again
+    if own is not None and not _same_value(objective, own):  # not solved again: the solution at its own value, no bound
+        status, objective, bound = "feasible", own, -math.inf
+        stats["untrusted"] = retry
     return BackendOutcome(status, x, objective, bound, seconds, accepted, stats)
+
+
+def _same_value(a: float, b: float) -> bool:
+    return abs(a - b) <= 1e-7 * (1 + abs(b))
 
 
 #: seconds HiGHS may overrun its own time limit before kvbound interrupts it (from a callback)
