@@ -45,12 +45,15 @@ USEFUL_FIRST_PASS = 0.5
 #: Lagrangian passes between two rounds of pattern moves, and the moves in a round
 PASSES_PER_ROUND = 5
 ROUND_MOVES = 8
-#: the batch-sharing variant hands the time to the completion master once its bound has gained
-#: less than this share over its last passes (or its steps vanished): it can stay flat for 100
-#: passes and then rise again (40 tight conversation requests: 1.0282 s from pass 300 to 400,
-#: 1.0295 s at 500)
+#: a variant leaves the search once its bound has gained less than this share over its last passes
+#: (or its steps vanished): it can stay flat for 100 passes and then rise again (40 tight
+#: conversation requests, batch sharing: 1.0282 s from pass 300 to 400, 1.0295 s at 500)
 STALLED_PASSES = 200
 STALLED_GAIN = 1e-4
+#: once the first variant has made STALLED_PASSES passes, the variant with the lower bound gets this
+#: share of the time from then on, so a bound that creeps without stalling (8 code-like requests:
+#: 0.23075 s -> 0.23082 s over 200 passes) cannot starve one that would overtake it
+FOLLOWER_SHARE = 0.2
 #: share of the time left that packing (total latency, every request there from the start) takes:
 #: on 30 tight arXiv requests its CP-SAT model found 14.44 s in 30 s where 120 s of pattern moves
 #: had found 15.14 s
@@ -201,13 +204,15 @@ def search(instance: Instance, objective: Objective, constraints: Constraints, s
                 pricing = track = None
                 for _ in range(PASSES_PER_ROUND):
                     # batch sharing first: it is the better bound on conversation and arXiv, where
-                    # sharing the time cost it more than the master gained; the master (better on
-                    # the code trace) takes what is left once it stalls
-                    track = tracks[0]
+                    # equal time cost it more than the master gained; the master (better on the
+                    # code trace) gets a share once it has warmed up, and all of it if it stalls
+                    track, sharing = _next_track(tracks)
                     began = time.perf_counter()
                     with deadline.enforced():  # a pass on 1,000 requests takes minutes: it is cut at the deadline
                         value, pricing, _ = next(track.iterations, (None, None, None))
                     track.seconds += time.perf_counter() - began
+                    if sharing:
+                        track.shared += time.perf_counter() - began
                     if value is None:
                         tracks.remove(track)
                         pricing = None
@@ -264,6 +269,15 @@ def search(instance: Instance, objective: Objective, constraints: Constraints, s
     return best
 
 
+def _next_track(tracks: list[_Track]) -> tuple[_Track, bool]:
+    """The variant whose pass comes next, and whether the time is shared yet: the first alone until
+    it has made STALLED_PASSES passes, then the lower bound gets FOLLOWER_SHARE of the time."""
+    if len(tracks) == 1 or tracks[0].passes <= STALLED_PASSES:
+        return tracks[0], False
+    leader = max(tracks, key=lambda t: t.value)
+    return min(tracks, key=lambda t: t.shared / (1 - FOLLOWER_SHARE if t is leader else FOLLOWER_SHARE)), True
+
+
 @dataclass
 class _Track:
     """One Lagrangian bound's subgradient passes in the search."""
@@ -272,6 +286,7 @@ class _Track:
     bound: LagrangianBound | MasterBound
     iterations: object  # its `iterate` generator
     seconds: float = 0.0  # spent in its passes
+    shared: float = 0.0  # of which once the variants share the time
     history: list = field(default_factory=list)  # its best bound after each pass
 
     @property
