@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -113,3 +114,37 @@ def test_master_beats_batch_sharing_on_prefill_heavy_requests_and_the_search_rep
     assert variants["completion master"]["passes"] >= 1
     assert res.lower_bound >= variants["completion master"]["bound"] * (1 - 1e-12)
     assert res.lower_bound <= res.objective * (1 + 1e-9)
+
+
+def test_the_lower_bound_gets_its_share_of_the_time_once_the_first_has_warmed_up():
+    # the search's turns (decompose._Turns), driven by simulated passes: batch sharing creeps up
+    # without stalling, the master's passes take twice as long and its bound overtakes late
+    from kvbound.solvers.decompose import FOLLOWER_SHARE, STALLED_PASSES, _Track, _Turns
+
+    sharing, master = _Track("batch sharing", None, None), _Track("completion master", None, None)
+    tracks, turns = [sharing, master], _Turns()
+    overtakes = STALLED_PASSES + 1500
+
+    def run(passes: int) -> dict:
+        spent = {"batch sharing": 0.0, "completion master": 0.0}
+        for _ in range(passes):
+            track, shared = turns.next(tracks)
+            assert shared == (sharing.passes > STALLED_PASSES)
+            step = 0.1 if track is sharing else 0.2
+            value = 1.0 + 1e-6 * track.passes if track is sharing else (2.0 if n_pass() >= overtakes else 0.5)
+            track.history.append(max(track.value, value))
+            track.seconds += step
+            track.shared += step if shared else 0.0
+            spent[track.name] += step
+        return spent
+
+    def n_pass() -> int:
+        return sharing.passes + master.passes
+
+    assert run(STALLED_PASSES + 1)["completion master"] == 0  # the first alone until it has warmed up
+    spent = run(1000)
+    assert spent["completion master"] / sum(spent.values()) == pytest.approx(FOLLOWER_SHARE, abs=0.02)
+    run(overtakes - n_pass() + 10)
+    assert master.value > sharing.value  # the master leads: batch sharing gets the follower's share at once
+    spent = run(1000)
+    assert spent["batch sharing"] / sum(spent.values()) == pytest.approx(FOLLOWER_SHARE, abs=0.02)

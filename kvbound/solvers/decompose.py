@@ -173,7 +173,7 @@ def search(instance: Instance, objective: Objective, constraints: Constraints, s
         master = MasterBound.where_it_fits(instance, objective, horizon)
         if master is not None:
             tracks.append(_Track("completion master", master, master.iterate(start_value)))
-    n_pass, best_track, all_tracks = 0, None, list(tracks)
+    n_pass, best_track, all_tracks, turns = 0, None, list(tracks), _Turns()
     packing_stats = None
     try:
         seeds = set()  # two heuristics may give the same schedule (srpt at ratio 1 and 2): one pattern
@@ -206,7 +206,7 @@ def search(instance: Instance, objective: Objective, constraints: Constraints, s
                     # batch sharing first: it is the better bound on conversation and arXiv, where
                     # equal time cost it more than the master gained; the master (better on the
                     # code trace) gets a share once it has warmed up, and all of it if it stalls
-                    track, sharing = _next_track(tracks)
+                    track, sharing = turns.next(tracks)
                     began = time.perf_counter()
                     with deadline.enforced():  # a pass on 1,000 requests takes minutes: it is cut at the deadline
                         value, pricing, _ = next(track.iterations, (None, None, None))
@@ -269,13 +269,24 @@ def search(instance: Instance, objective: Objective, constraints: Constraints, s
     return best
 
 
-def _next_track(tracks: list[_Track]) -> tuple[_Track, bool]:
-    """The variant whose pass comes next, and whether the time is shared yet: the first alone until
-    it has made STALLED_PASSES passes, then the lower bound gets FOLLOWER_SHARE of the time."""
-    if len(tracks) == 1 or tracks[0].passes <= STALLED_PASSES:
-        return tracks[0], False
-    leader = max(tracks, key=lambda t: t.value)
-    return min(tracks, key=lambda t: t.shared / (1 - FOLLOWER_SHARE if t is leader else FOLLOWER_SHARE)), True
+class _Turns:
+    """Whose pass comes next: the first variant alone until it has made STALLED_PASSES passes, then
+    the lower bound gets FOLLOWER_SHARE of the time, counted from when the leader took the lead (so
+    a new leader does not owe the old one the time it had)."""
+
+    def __init__(self):
+        self.leader: _Track | None = None
+
+    def next(self, tracks: list[_Track]) -> tuple[_Track, bool]:
+        """The track, and whether the time is shared yet (its pass then adds to its `shared`)."""
+        if len(tracks) == 1 or tracks[0].passes <= STALLED_PASSES:
+            return tracks[0], False
+        leader = max(tracks, key=lambda t: t.value)
+        if leader is not self.leader:
+            self.leader = leader
+            for t in tracks:
+                t.shared = 0.0
+        return min(tracks, key=lambda t: t.shared / (1 - FOLLOWER_SHARE if t is leader else FOLLOWER_SHARE)), True
 
 
 @dataclass
@@ -286,7 +297,7 @@ class _Track:
     bound: LagrangianBound | MasterBound
     iterations: object  # its `iterate` generator
     seconds: float = 0.0  # spent in its passes
-    shared: float = 0.0  # of which once the variants share the time
+    shared: float = 0.0  # of which since the leader took the lead (`_Turns`)
     history: list = field(default_factory=list)  # its best bound after each pass
 
     @property
