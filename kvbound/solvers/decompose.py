@@ -210,9 +210,9 @@ def search(instance: Instance, objective: Objective, constraints: Constraints, s
                     began = time.perf_counter()
                     with deadline.enforced():  # a pass on 1,000 requests takes minutes: it is cut at the deadline
                         value, pricing, _ = next(track.iterations, (None, None, None))
-                    track.seconds += time.perf_counter() - began
-                    if sharing:
-                        track.shared += time.perf_counter() - began
+                    spent = time.perf_counter() - began
+                    track.seconds += spent
+                    track.shared += spent if sharing else 0.0
                     if value is None:
                         tracks.remove(track)
                         pricing = None
