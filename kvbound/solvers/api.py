@@ -364,7 +364,13 @@ def _search(instance, options, plan: _Plan, best: Candidate, cands, analytic: fl
     what = "packing, " if "packing" in found.stats else ""
     attempt = _Attempt.without_model(search=why_not + what + "Lagrangian bound and admission-pattern search", **found.stats,
                                      lagrangian_bound=found.bound if math.isfinite(found.bound) else None)
-    attempt.lagrangian, attempt.found = found.bound, extra
+    # total latency: the configuration LP's batch bound (certified), where the search computed it
+    config = found.stats.get("configuration_lp", {}).get("bound", -math.inf)
+    if bound_above(config, min(objective.of(c.metrics) for c in cands + extra), REL_TOL):
+        warnings.warn(f"the configuration LP bound {config:.9g} is above a validated schedule; discarded",
+                      RuntimeWarning, stacklevel=3)
+        config, found.stats["configuration_lp"]["bound"] = -math.inf, None
+    attempt.lagrangian, attempt.found = max(found.bound, config), extra
     return attempt
 
 

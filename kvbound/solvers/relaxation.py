@@ -50,6 +50,12 @@ def lower_bounds(instance: Instance, options: SolveOptions, deadline: Deadline |
         bounds.append(Bound(f"Lagrangian{', ' + variant if variant else ''} ({passes} passes)",
                             -math.inf if value is None else value,
                             res.stats["search_seconds"], value is not None, res.stats["lagrangian_note"]))
+        if "configuration_lp" in res.stats:
+            config = res.stats["configuration_lp"]
+            bounds.append(Bound("batches (configuration LP of the KV items) x intercept + minimum work",
+                                -math.inf if config["bound"] is None else config["bound"],
+                                config["seconds"], note=f"at least {config['batches']} batches"
+                                + ("" if config["lp"] is not None else " (Farley's bound: cut by the time limit)")))
         return bounds, res
     if res.objective is not None and not deadline.expired():
         J = horizon_for(instance, options.objective, res.objective)[0]

@@ -1,0 +1,117 @@
+"""The configuration (Gilmore-Gomory) LP of the KV items: a batch-count lower bound at least as strong
+as the KV area and every dual-feasible function (docs/formulation.md, "The configuration LP").
+
+The batch generating token q of request i holds at least I + q - 1 KV tokens (block-rounded), in any
+schedule, with pauses or evictions (`kv_items`). A schedule's batches are bins of capacity M covering
+every item once, so their number is at least the value of the LP
+
+    min sum_p x_p   s.t.   sum_p a_sp x_p >= d_s (every item size s),  x >= 0,
+
+over the configurations p (a_sp items of size s, together at most M). Column generation: HiGHS
+solves the LP over the configurations so far; its row duals y price a new one by a bounded knapsack
+(max y.a, s.a <= M, a <= d), solved exactly by dynamic programming. Whatever y >= 0 is, y / max(1,
+best knapsack value) is feasible for the dual of the full LP, so Farley's bound y.d / max(1, best)
+holds at every step: a run cut by its deadline still gives a certified bound.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..deadline import Deadline
+from ..formulation.bounds import kv_items
+from ..workload import Instance
+from .backends import _stdout_to_stderr
+
+
+@dataclass
+class ConfigurationBound:
+    """At least `batches` batches in every schedule; `lp` the LP value where column generation
+    converged (None if the deadline cut it), and how long it ran."""
+
+    batches: int
+    lp: float | None
+    columns: int
+    seconds: float
+
+    def to_json(self) -> dict:
+        return {"batches": self.batches, "lp": self.lp, "columns": self.columns, "seconds": round(self.seconds, 3)}
+
+
+def configuration_batches(instance: Instance, deadline: Deadline) -> ConfigurationBound:
+    """The configuration LP's batch bound (Farley's at the last step if `deadline` cuts it short)."""
+    import highspy
+
+    t0 = time.perf_counter()
+    block = instance.system.block_size
+    capacity = instance.system.kv_capacity // block
+    items, _ = kv_items(instance)
+    sizes, demand = np.unique(items // block, return_counts=True)
+    n = len(sizes)
+    with _stdout_to_stderr():  # highspy prints its banner when constructed
+        h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("threads", 1)
+    inf = highspy.kHighsInf
+    h.addRows(n, demand.astype(float), np.full(n, inf), 0, np.array([0], dtype=np.int32),
+              np.array([], dtype=np.int32), np.array([], dtype=float))
+    for s in range(n):  # one size alone, as many as fit and exist: every item is covered from the start
+        h.addCol(1.0, 0.0, inf, 1, np.array([s], dtype=np.int32), np.array([float(min(demand[s], capacity // sizes[s]))]))
+    pieces = _binary_pieces(demand)
+    best_bound, columns, lp = 0.0, n, None
+    while True:
+        h.run()
+        if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+            break
+        y = np.maximum(np.array(h.getSolution().row_dual), 0.0)
+        value, column = _knapsack(sizes, y, pieces, capacity)
+        best_bound = max(best_bound, float(y @ demand) / max(1.0, value))
+        if value <= 1 + 1e-9:
+            lp = float(h.getInfo().objective_function_value)
+            break
+        if deadline.expired():
+            break
+        nz = np.nonzero(column)[0]
+        h.addCol(1.0, 0.0, inf, len(nz), nz.astype(np.int32), column[nz].astype(float))
+        columns += 1
+    # the duals come from floating-point simplex: a hair below an integer counts as that integer
+    return ConfigurationBound(math.ceil(best_bound - 1e-6), lp, columns, time.perf_counter() - t0)
+
+
+def _binary_pieces(demand: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The bounded knapsack as a 0-1 one: size s with demand d splits into pieces of 1, 2, 4, ...
+    copies and a remainder, whose sums reach every count 0..d. Returns (size index, copies)."""
+    index, copies = [], []
+    for s, d in enumerate(demand):
+        k = 1
+        while d > 0:
+            take = min(k, d)
+            index.append(s)
+            copies.append(take)
+            d -= take
+            k *= 2
+    return np.array(index), np.array(copies)
+
+
+def _knapsack(sizes: np.ndarray, y: np.ndarray, pieces, capacity: int) -> tuple[float, np.ndarray]:
+    """max y.a over a <= demand with sizes.a <= capacity, exactly (0-1 DP over the pieces), and a."""
+    index, copies = pieces
+    keep = (y[index] > 0) & (sizes[index] * copies <= capacity)
+    index, copies = index[keep], copies[keep]
+    best = np.zeros(capacity + 1)
+    taken = np.zeros((len(index), capacity + 1), dtype=bool)
+    for k, (s, c) in enumerate(zip(index, copies)):
+        w, v = int(sizes[s] * c), float(y[s] * c)
+        with_it = best[:capacity + 1 - w] + v
+        better = with_it > best[w:]
+        taken[k, w:] = better
+        best[w:] = np.where(better, with_it, best[w:])
+    column, room = np.zeros(len(sizes), dtype=np.int64), capacity
+    for k in range(len(index) - 1, -1, -1):
+        if taken[k, room]:
+            column[index[k]] += copies[k]
+            room -= int(sizes[index[k]] * copies[k])
+    return float(best[capacity]), column

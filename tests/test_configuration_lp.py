@@ -1,0 +1,98 @@
+"""The configuration (Gilmore-Gomory) LP's batch bound (kvbound.solvers.configuration_lp): its LP value
+on cases worked by hand, never above an oracle optimum or a validated schedule's batch count, at least
+the KV area and every dual-feasible bound, and in the search's and `kvbound bound`'s answers."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+
+from kvbound import CostModel, Instance, Request, SystemConfig, validate
+from kvbound.deadline import Deadline
+from kvbound.formulation.bounds import dff_batches, kv_items, min_batches, minimum_work
+from kvbound.objective import OBJECTIVES
+from kvbound.schedulers import FAST_HEURISTICS, run_scheduler
+from kvbound.solvers.api import solve
+from kvbound.solvers.configuration_lp import configuration_batches
+from kvbound.solvers.options import SolveOptions
+from kvbound.solvers.relaxation import lower_bounds
+from tests.oracle import brute_force, tiny_instances
+from tests.test_lagrangian import conv_like
+
+UNIT = CostModel(intercept=1.0)
+
+
+def items_instance(prompts, M, b=1) -> Instance:
+    """One output token each: the KV items are the (block-rounded) prompts."""
+    return Instance(tuple(Request(p, 1) for p in prompts), SystemConfig(M, 64, 64, b), UNIT)
+
+
+@pytest.mark.parametrize("prompts, M, b, lp, batches", [
+    ((4, 4, 4), 10, 1, 1.5, 2),            # two fit together: 3 / 2
+    ((4,) * 5, 10, 1, 2.5, 3),
+    ((6, 5, 5, 4, 4, 3, 3), 10, 1, 3.0, 3),  # {6 4} {5 5} {4 3 3}: the area (3.0) is met
+    ((5, 4, 4), 12, 2, 1.5, 2),            # blocks of 2: 6, 4, 4 against 12
+])
+def test_the_lp_value_on_cases_worked_by_hand(prompts, M, b, lp, batches):
+    out = configuration_batches(items_instance(prompts, M, b), Deadline(30))
+    assert out.lp == pytest.approx(lp, abs=1e-9)
+    assert out.batches == batches
+
+
+def test_it_counts_batches_the_area_and_the_dual_feasible_functions_miss():
+    # no two of 8, 8 and 5 fit in 12: three batches; the area says 21 / 12 -> 2, and the dual-feasible
+    # functions weigh the 5 (5 / 12 of M) at most 1/2
+    inst = items_instance((8, 8, 5), 12)
+    out = configuration_batches(inst, Deadline(30))
+    assert out.lp == pytest.approx(3.0) and out.batches == 3
+    assert min_batches(inst) == 2
+    assert out.batches <= min(len(run_scheduler(inst, s).schedule.batches) for s in FAST_HEURISTICS)
+
+
+@settings(max_examples=150, deadline=None)
+@given(instance=tiny_instances(arrivals=None))
+def test_the_bound_is_never_above_the_oracle_optimum(instance):
+    # total latency >= batches x intercept + minimum work, with arrivals, evictions and block sizes
+    out = configuration_batches(instance, Deadline(30))
+    opt = brute_force(instance, "total_latency")
+    assert out.batches * instance.cost.intercept + minimum_work(instance) <= opt.value * (1 + 1e-9)
+    assert out.batches <= len(validate(instance, opt.schedule).batch_kv)
+    # and it is at least the KV area (block-rounded) and every dual-feasible function's count
+    items, _ = kv_items(instance)
+    assert out.batches >= dff_batches(instance)
+    assert out.batches >= math.ceil(items.sum() / (instance.system.kv_capacity // instance.system.block_size
+                                                   * instance.system.block_size) - 1e-9)
+
+
+def test_a_run_cut_short_still_gives_a_bound_below_the_converged_one():
+    inst = conv_like(30)
+    full = configuration_batches(inst, Deadline(30))
+    assert full.lp is not None
+    cut = configuration_batches(inst, Deadline(0))
+    assert cut.lp is None and cut.columns == len(np.unique(kv_items(inst)[0]))  # no column priced
+    assert 0 <= cut.batches <= full.batches
+    for name in FAST_HEURISTICS:  # and neither is above any schedule's batch count
+        assert full.batches <= len(run_scheduler(inst, name).schedule.batches)
+
+
+def test_the_search_reports_it_for_total_latency_and_bound_lists_it():
+    inst = conv_like(30)
+    res = solve(inst, "total_latency", time_limit=4.0, formulation="lagrangian")
+    config = res.stats["configuration_lp"]
+    assert config["bound"] == pytest.approx(config["batches"] * inst.cost.intercept + minimum_work(inst))
+    assert res.bound_certified and res.lower_bound >= config["bound"] * (1 - 1e-12)
+    assert res.lower_bound <= res.objective * (1 + 1e-9)
+    assert config["batches"] >= min_batches(inst)
+    # `kvbound bound` (a quarter of its time for the LP here: perhaps cut, never above a schedule)
+    bounds, _ = lower_bounds(inst, SolveOptions("total_latency", time_limit=4.0, formulation="lagrangian"))
+    listed = [b for b in bounds if b.name.startswith("batches (configuration LP")]
+    assert len(listed) == 1 and listed[0].certified
+    assert -math.inf < listed[0].value <= config["bound"] * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("objective", [o for o in OBJECTIVES if o != "total_latency"])
+def test_the_mean_objectives_do_not_compute_it(objective):
+    res = solve(conv_like(), objective, time_limit=2.0, formulation="lagrangian")
+    assert "configuration_lp" not in res.stats
