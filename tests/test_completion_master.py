@@ -119,10 +119,11 @@ def test_master_beats_batch_sharing_on_prefill_heavy_requests_and_the_search_rep
 def test_the_lower_bound_gets_its_share_of_the_time_once_the_first_has_warmed_up():
     # the search's turns (decompose._Turns), driven by simulated passes: batch sharing creeps up
     # without stalling, the master's passes take twice as long and its bound overtakes late
+    from kvbound.deadline import Deadline
     from kvbound.solvers.decompose import FOLLOWER_SHARE, STALLED_PASSES, _Track, _Turns
 
     sharing, master = _Track("batch sharing", None, None), _Track("completion master", None, None)
-    tracks, turns = [sharing, master], _Turns()
+    tracks, turns = [sharing, master], _Turns(Deadline(None))
     overtakes = STALLED_PASSES + 1500
 
     def run(passes: int) -> dict:
@@ -148,3 +149,10 @@ def test_the_lower_bound_gets_its_share_of_the_time_once_the_first_has_warmed_up
     assert master.value > sharing.value  # the master leads: batch sharing gets the follower's share at once
     spent = run(1000)
     assert spent["batch sharing"] / sum(spent.values()) == pytest.approx(FOLLOWER_SHARE, abs=0.02)
+    # on a slow machine the time shares from half the time on, whatever the passes
+    first, second = _Track("batch sharing", None, None), _Track("completion master", None, None)
+    clock = [0.0]
+    turns = _Turns(Deadline(10.0, clock=lambda: clock[0]))
+    assert turns.next([first, second]) == (first, False)
+    clock[0] = 5.0
+    assert turns.next([first, second])[1] and first.passes < STALLED_PASSES

@@ -84,7 +84,8 @@ def test_the_search_reports_it_for_total_latency_and_bound_lists_it():
     assert config["bound"] == pytest.approx(config["batches"] * inst.cost.intercept + minimum_work(inst))
     assert res.bound_certified and res.lower_bound >= config["bound"] * (1 - 1e-12)
     assert res.lower_bound <= res.objective * (1 + 1e-9)
-    assert config["batches"] >= min_batches(inst)
+    if config["lp"] is not None:  # converged (it is cut where the machine is slow): the area's and DFFs' count
+        assert config["batches"] >= dff_batches(inst)
     # `kvbound bound` (a quarter of its time for the LP here: perhaps cut, never above a schedule)
     bounds, _ = lower_bounds(inst, SolveOptions("total_latency", time_limit=4.0, formulation="lagrangian"))
     listed = [b for b in bounds if b.name.startswith("batches (configuration LP")]

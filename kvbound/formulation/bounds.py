@@ -4,7 +4,7 @@ Analytic bounds (docs/formulation.md, "Bounds"):
 * batches: every request needs O_i batches (one token per batch), all tokens need
   sum(I + O - 1) / C batches, all prefill-type tokens (at least the prompts) sum(I) / P,
   and the KV-time area: the batch generating token k of request i holds I + k - 1 KV
-  tokens, so the sum of KV over batches is at least sum_i (O I + O (O - 1) / 2) <= M x batches.
+  tokens, block-rounded, so the sum of those over batches is at most M x batches.
   The same items mapped through Fekete and Schepers' dual-feasible functions u^(k) (whatever
   fits in one batch weighs at most 1) count batches where the area cannot: at most three
   requests holding more than M / 4 share a batch, and so on.
@@ -101,9 +101,13 @@ def min_batches(instance: Instance) -> int:
     by_output = max(r.output for r in reqs)
     by_tokens = math.ceil(sum(r.peak_kv for r in reqs) / s.max_batch_tokens)
     by_prefill = math.ceil(sum(r.prompt for r in reqs) / s.max_prefill_tokens)
-    area = sum(r.output * r.prompt + r.output * (r.output - 1) // 2 for r in reqs)
-    by_area = math.ceil(area / s.kv_capacity)
+    by_area = math.ceil(kv_items(instance)[0].sum() / kv_room(s) - 1e-9)
     return max(by_output, by_tokens, by_prefill, by_area, dff_batches(instance))
+
+
+def kv_room(system) -> int:
+    """The most KV a batch can charge: M rounded down to whole blocks (each request's KV is)."""
+    return system.kv_capacity // system.block_size * system.block_size
 
 
 #: the dual-feasible functions u^(k) tried, k = 1 .. this many
@@ -243,7 +247,7 @@ def _shares(instance: Instance, first_token: bool):
         capacity_tokens = s.max_batch_tokens
         work = np.array([request_minimum_work(r, cost) for r in reqs])
     items, owner = kv_items(instance, first_token)
-    kv_shares = [np.bincount(owner, items / s.kv_capacity, len(reqs)), *kv_weights(instance, first_token).T]
+    kv_shares = [np.bincount(owner, items / kv_room(s), len(reqs)), *kv_weights(instance, first_token).T]
     return kv_shares, work, tokens, capacity_tokens
 
 
@@ -363,7 +367,8 @@ def release_bound(instance: Instance) -> tuple[float, float]:
     by_output = np.maximum.accumulate(np.array([r.output for r in reqs])[order][::-1])[::-1]
     by_tokens = np.ceil(suffix([r.peak_kv for r in reqs]) / s.max_batch_tokens)
     by_prefill = np.ceil(suffix([r.prompt for r in reqs]) / s.max_prefill_tokens)
-    by_area = np.ceil(suffix([r.output * r.prompt + r.output * (r.output - 1) // 2 for r in reqs]) / s.kv_capacity)
+    items, owner = kv_items(instance)
+    by_area = np.ceil(suffix(np.bincount(owner, items, len(reqs))) / kv_room(s) - 1e-9)
     batches = np.max(np.stack([by_output, by_tokens, by_prefill, by_area, by_dff]), axis=0)
     values = arrivals + batches * cost.intercept + suffix([request_minimum_work(r, cost) for r in reqs])
     first_of_time = np.r_[True, arrivals[1:] > arrivals[:-1]]  # requests arriving at t are all counted

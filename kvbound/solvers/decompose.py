@@ -179,7 +179,7 @@ def search(instance: Instance, objective: Objective, constraints: Constraints, s
         master = MasterBound.where_it_fits(instance, objective, horizon)
         if master is not None:
             tracks.append(_Track("completion master", master, master.iterate(start_value)))
-    n_pass, best_track, all_tracks, turns = 0, None, list(tracks), _Turns()
+    n_pass, best_track, all_tracks, turns = 0, None, list(tracks), _Turns(deadline)
     packing_stats = configuration_stats = None
     try:
         seeds = set()  # two heuristics may give the same schedule (srpt at ratio 1 and 2): one pattern
@@ -286,16 +286,18 @@ def search(instance: Instance, objective: Objective, constraints: Constraints, s
 
 
 class _Turns:
-    """Whose pass comes next: the first variant alone until it has made STALLED_PASSES passes, then
-    the lower bound gets FOLLOWER_SHARE of the time, counted from when the leader took the lead (so
-    a new leader does not owe the old one the time it had)."""
+    """Whose pass comes next: the first variant alone until it has made STALLED_PASSES passes (or
+    half the search's time has gone: passes are slower on a busy machine), then the lower bound gets
+    FOLLOWER_SHARE of the time, counted from when the leader took the lead (so a new leader does
+    not owe the old one the time it had)."""
 
-    def __init__(self):
+    def __init__(self, deadline: Deadline):
         self.leader: _Track | None = None
+        self.warm_up = deadline.share(0.5)
 
     def next(self, tracks: list[_Track]) -> tuple[_Track, bool]:
         """The track, and whether the time is shared yet (its pass then adds to its `shared`)."""
-        if len(tracks) == 1 or tracks[0].passes <= STALLED_PASSES:
+        if len(tracks) == 1 or (tracks[0].passes <= STALLED_PASSES and not self.warm_up.expired()):
             return tracks[0], False
         leader = max(tracks, key=lambda t: t.value)
         if leader is not self.leader:
