@@ -114,6 +114,9 @@ def run_point(case: str, objective: str, time_limit: float) -> dict:
     if lagrangian is not None and lagrangian >= top.value * (1 + 1e-9):
         variant = stats.get("lagrangian_variant")
         row["binding_bound"] = f"Lagrangian{', ' + variant if variant else ''} ({stats['lagrangian_passes']} passes)"
+    config = (stats.get("configuration_lp") or {}).get("bound")
+    if config is not None and config >= max(top.value, lagrangian or -math.inf) * (1 + 1e-9):
+        row["binding_bound"] = f"configuration LP ({stats['configuration_lp']['batches']} batches)"
     if res.bound_certified and math.isfinite(solver_bound) and solver_bound >= top.value * (1 + 1e-9):
         row["binding_bound"] = f"{res.solver} {res.formulation} MILP bound"
     row.update({
