@@ -361,15 +361,15 @@ def _search(instance, options, plan: _Plan, best: Candidate, cands, analytic: fl
     kind, size = plan.kind, plan.size
     why_not = "" if options.formulation == SEARCH else \
         f"the {kind.name} model would have ~{size:,} variables (auto's limit {min(MODEL_LIMIT, AUTO_BIGM_LIMIT) if kind.name == 'bigm' else MODEL_LIMIT:,}); "
-    what = "packing, " if "packing" in found.stats else ""
-    attempt = _Attempt.without_model(search=why_not + what + "Lagrangian bound and admission-pattern search", **found.stats,
-                                     lagrangian_bound=found.bound if math.isfinite(found.bound) else None)
     # total latency: the configuration LP's batch bound (certified), where the search computed it
     config = found.stats.get("configuration_lp", {}).get("bound", -math.inf)
     if bound_above(config, min(objective.of(c.metrics) for c in cands + extra), REL_TOL):
         warnings.warn(f"the configuration LP bound {config:.9g} is above a validated schedule; discarded",
                       RuntimeWarning, stacklevel=3)
         config, found.stats["configuration_lp"]["bound"] = -math.inf, None
+    what = "packing, " if "packing" in found.stats else ""
+    attempt = _Attempt.without_model(search=why_not + what + "Lagrangian bound and admission-pattern search", **found.stats,
+                                     lagrangian_bound=found.bound if math.isfinite(found.bound) else None)
     attempt.lagrangian, attempt.found = max(found.bound, config), extra
     return attempt
 

@@ -54,7 +54,7 @@ def lower_bounds(instance: Instance, options: SolveOptions, deadline: Deadline |
             config = res.stats["configuration_lp"]
             bounds.append(Bound("batches (configuration LP of the KV items) x intercept + minimum work",
                                 -math.inf if config["bound"] is None else config["bound"],
-                                config["seconds"], note=f"at least {config['batches']} batches"
+                                config["seconds"], config["bound"] is not None, note=f"at least {config['batches']} batches"
                                 + ("" if config["lp"] is not None else " (Farley's bound: cut by the time limit)")))
         return bounds, res
     if res.objective is not None and not deadline.expired():
