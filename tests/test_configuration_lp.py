@@ -4,6 +4,7 @@ the KV area and every dual-feasible bound, and in the search's and `kvbound boun
 from __future__ import annotations
 
 import math
+from unittest.mock import patch
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from kvbound.formulation.bounds import dff_batches, kv_items, min_batches, minim
 from kvbound.objective import OBJECTIVES
 from kvbound.schedulers import FAST_HEURISTICS, run_scheduler
 from kvbound.solvers.api import solve
+from kvbound.solvers import configuration_lp
 from kvbound.solvers.configuration_lp import configuration_batches
 from kvbound.solvers.options import SolveOptions
 from kvbound.solvers.relaxation import lower_bounds
@@ -51,6 +53,16 @@ def test_it_counts_batches_the_area_and_the_dual_feasible_functions_miss():
     assert out.batches <= min(len(run_scheduler(inst, s).schedule.batches) for s in FAST_HEURISTICS)
 
 
+def test_a_huge_kv_capacity_is_priced_in_coarser_units_with_the_same_answer():
+    # M = 10^7 tokens in blocks of 1: the knapsack table would have 6 x 10^7 cells, so sizes go in
+    # units of 4 blocks, rounded down (a relaxation); no two of the 6e6 items share a batch, and
+    # each 5e6 one pairs with a 4.5e6 one: 4 batches either way
+    inst = Instance(tuple(Request(p, 2) for p in (6_000_000, 5_000_000, 4_500_000)),
+                    SystemConfig(10_000_000, 2048, 2048, 1), UNIT)
+    out = configuration_batches(inst, Deadline(30))
+    assert out.unit == 4 and out.lp == pytest.approx(4.0) and out.batches == 4
+
+
 @settings(max_examples=150, deadline=None)
 @given(instance=tiny_instances(arrivals=None))
 def test_the_bound_is_never_above_the_oracle_optimum(instance):
@@ -64,6 +76,10 @@ def test_the_bound_is_never_above_the_oracle_optimum(instance):
     assert out.batches >= dff_batches(instance)
     assert out.batches >= math.ceil(items.sum() / (instance.system.kv_capacity // instance.system.block_size
                                                    * instance.system.block_size) - 1e-9)
+    # in coarse units (a relaxation: sizes and M rounded down) it is weaker, never above
+    with patch.object(configuration_lp, "KNAPSACK_CELLS", 8):
+        coarse = configuration_batches(instance, Deadline(30))
+    assert coarse.batches <= out.batches
 
 
 def test_a_run_cut_short_still_gives_a_bound_below_the_converged_one():

@@ -27,18 +27,24 @@ from ..workload import Instance
 from .backends import _stdout_to_stderr
 
 
+#: the most cells (0-1 pieces x capacity units) of the pricing's knapsack table (a bool each)
+KNAPSACK_CELLS = 20_000_000
+
+
 @dataclass
 class ConfigurationBound:
     """At least `batches` batches in every schedule; `lp` the LP value where column generation
-    converged (None if the deadline cut it), and how long it ran."""
+    converged (None if the deadline cut it), how long it ran, and the size unit it used."""
 
     batches: int
     lp: float | None
     columns: int
     seconds: float
+    unit: int = 1  # KV blocks per size unit (> 1 where M is too large for the knapsack table)
 
     def to_json(self) -> dict:
-        return {"batches": self.batches, "lp": self.lp, "columns": self.columns, "seconds": round(self.seconds, 3)}
+        return {"batches": self.batches, "lp": self.lp, "columns": self.columns, "seconds": round(self.seconds, 3),
+                "unit_blocks": self.unit}
 
 
 def configuration_batches(instance: Instance, deadline: Deadline) -> ConfigurationBound:
@@ -47,10 +53,11 @@ def configuration_batches(instance: Instance, deadline: Deadline) -> Configurati
 
     t0 = time.perf_counter()
     block = instance.system.block_size
-    capacity = instance.system.kv_capacity // block
     items, _ = kv_items(instance)
-    sizes, demand = np.unique(items // block, return_counts=True)
+    unit, capacity, sizes, demand = _coarse_sizes(items // block, instance.system.kv_capacity // block)
     n = len(sizes)
+    if n == 0:  # every item fits any batch with the others: the LP says nothing
+        return ConfigurationBound(0, 0.0, 0, time.perf_counter() - t0, unit)
     with _stdout_to_stderr():  # highspy prints its banner when constructed
         h = highspy.Highs()
     h.setOptionValue("output_flag", False)
@@ -78,7 +85,23 @@ def configuration_batches(instance: Instance, deadline: Deadline) -> Configurati
         h.addCol(1.0, 0.0, inf, len(nz), nz.astype(np.int32), column[nz].astype(float))
         columns += 1
     # the duals come from floating-point simplex: a hair below an integer counts as that integer
-    return ConfigurationBound(math.ceil(best_bound - 1e-6), lp, columns, time.perf_counter() - t0)
+    return ConfigurationBound(math.ceil(best_bound - 1e-6), lp, columns, time.perf_counter() - t0, unit)
+
+
+def _coarse_sizes(blocks: np.ndarray, capacity: int) -> tuple[int, int, np.ndarray, np.ndarray]:
+    """(unit, capacity, sizes, demand) in units of `unit` blocks, the smallest power of two that
+    keeps the knapsack table within KNAPSACK_CELLS. Sizes and capacity are rounded down: whatever
+    fits in a batch still fits (sum floor(s / u) <= floor(sum s / u)), so the coarse LP is a
+    relaxation and its bound holds; items that round to 0 fit anywhere and leave the LP."""
+    unit = 1
+    while True:
+        sizes, demand = np.unique(blocks // unit, return_counts=True)
+        keep = sizes > 0
+        sizes, demand = sizes[keep], demand[keep]
+        pieces = int(sum(int(d).bit_length() for d in demand))
+        if pieces * (capacity // unit + 1) <= KNAPSACK_CELLS or capacity // unit <= 1:
+            return unit, capacity // unit, sizes, demand
+        unit *= 2
 
 
 def _binary_pieces(demand: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
