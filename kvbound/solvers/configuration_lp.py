@@ -84,8 +84,9 @@ def configuration_batches(instance: Instance, deadline: Deadline) -> Configurati
         nz = np.nonzero(column)[0]
         h.addCol(1.0, 0.0, inf, len(nz), nz.astype(np.int32), column[nz].astype(float))
         columns += 1
-    # the duals come from floating-point simplex: a hair below an integer counts as that integer
-    return ConfigurationBound(math.ceil(best_bound - 1e-6), lp, columns, time.perf_counter() - t0, unit)
+    # y.d and the knapsack's sums are floating point (relative error ~1e-12): a value a hair above
+    # an integer counts as that integer
+    return ConfigurationBound(math.ceil(best_bound * (1 - 1e-9) - 1e-9), lp, columns, time.perf_counter() - t0, unit)
 
 
 def _coarse_sizes(blocks: np.ndarray, capacity: int) -> tuple[int, int, np.ndarray, np.ndarray]:
