@@ -118,10 +118,11 @@ def kv_items(instance: Instance, first_token: bool = False) -> tuple[np.ndarray,
     """(items, owner): the block-rounded KV I + q - 1 that the batch generating token q of a request
     holds at least, one item per request and such batch (only q = 1 for first tokens), and the
     request each item belongs to."""
-    s = instance.system
-    count = [1 if first_token else r.output for r in instance.requests]
-    items = [s.blocks(r.prompt + q - 1) for r, n in zip(instance.requests, count) for q in range(1, n + 1)]
-    return np.array(items, dtype=np.int64), np.repeat(np.arange(len(count)), count)
+    count = np.ones(len(instance), dtype=np.int64) if first_token else instance.outputs.astype(np.int64)
+    owner = np.repeat(np.arange(len(count)), count)
+    q = np.arange(len(owner)) - np.repeat(np.cumsum(count) - count, count) + 1  # 1..O within each request
+    tokens = instance.prompts.astype(np.int64)[owner] + q - 1
+    return np.asarray(instance.system.blocks(tokens), dtype=np.int64), owner
 
 
 def kv_weights(instance: Instance, first_token: bool = False) -> np.ndarray:
