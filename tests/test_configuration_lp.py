@@ -12,7 +12,7 @@ from hypothesis import given, settings
 
 from kvbound import CostModel, Instance, Request, SystemConfig, validate
 from kvbound.deadline import Deadline
-from kvbound.formulation.bounds import dff_batches, kv_items, min_batches, minimum_work
+from kvbound.formulation.bounds import dff_batches, kv_items, kv_room, min_batches, minimum_work
 from kvbound.objective import OBJECTIVES
 from kvbound.schedulers import FAST_HEURISTICS, run_scheduler
 from kvbound.solvers.api import solve
@@ -74,8 +74,7 @@ def test_the_bound_is_never_above_the_oracle_optimum(instance):
     # and it is at least the KV area (block-rounded) and every dual-feasible function's count
     items, _ = kv_items(instance)
     assert out.batches >= dff_batches(instance)
-    assert out.batches >= math.ceil(items.sum() / (instance.system.kv_capacity // instance.system.block_size
-                                                   * instance.system.block_size) - 1e-9)
+    assert out.batches >= math.ceil(items.sum() / kv_room(instance.system) - 1e-9)
     # in coarse units (a relaxation: sizes and M rounded down) it is weaker, never above
     with patch.object(configuration_lp, "KNAPSACK_CELLS", 8):
         coarse = configuration_batches(instance, Deadline(30))

@@ -157,8 +157,9 @@ def solve_highs(arrays: ModelArrays, time_limit: float, warm: np.ndarray | None,
     stats = {"model_status": h.modelStatusToString(ms), "nodes": int(info.mip_node_count),
              "interrupted": ms == MS.kInterrupt}
     own = None if x is None else float(arrays.objective @ x + arrays.objective_offset)
+    mismatch = own is not None and abs(objective - own) > 1e-7 * (1 + abs(own))
     retry = None
-    if own is not None and not _same_value(objective, own):
+    if mismatch:
         retry = f"objective {objective} is not its solution's {own}"
     elif warm is not None and bound_above(bound, warm_obj) and not arrays.check(warm):
         retry = f"bound {bound} above the feasible warm start's {warm_obj}"
@@ -167,14 +168,10 @@ def solve_highs(arrays: ModelArrays, time_limit: float, warm: np.ndarray | None,
         again.stats["presolve_retry"] = f"{retry}: solved again without presolve"
         again.seconds += seconds
         return again
-    if own is not None and not _same_value(objective, own):  # not solved again: the solution at its own value, no bound
+    if mismatch:  # not solved again: the solution at its own value, no bound
         status, objective, bound = "feasible", own, -math.inf
         stats["untrusted"] = retry
     return BackendOutcome(status, x, objective, bound, seconds, accepted, stats)
-
-
-def _same_value(a: float, b: float) -> bool:
-    return abs(a - b) <= 1e-7 * (1 + abs(b))
 
 
 #: seconds HiGHS may overrun its own time limit before kvbound interrupts it (from a callback)

@@ -52,9 +52,9 @@ ROUND_MOVES = 8
 #: conversation requests, batch sharing: 1.0282 s from pass 300 to 400, 1.0295 s at 500)
 STALLED_PASSES = 200
 STALLED_GAIN = 1e-4
-#: once the first variant has made STALLED_PASSES passes, the variant with the lower bound gets this
-#: share of the time from then on, so a bound that creeps without stalling (8 code-like requests:
-#: 0.23075 s -> 0.23082 s over 200 passes) cannot starve one that would overtake it
+#: once the first variant has made STALLED_PASSES passes (or half the time has gone), the variant
+#: with the lower bound gets this share of the time, so a bound that creeps without stalling (8
+#: code-like requests: 0.23075 s -> 0.23082 s over 200 passes) cannot starve one that would overtake it
 FOLLOWER_SHARE = 0.2
 #: the most of the time left that the configuration LP (total latency) may take; it stops where it
 #: converges, after 0.1-3.5 s on the tight real-trace cases up to 1,000 requests and 4-12 s on the
