@@ -104,6 +104,8 @@ def run_point(case: str, objective: str, time_limit: float) -> dict:
         if stats.get("packing"):
             packing = stats["packing"]
             model += (f", packing {packing['greedy_batches']} batches (greedy)"
+                      + (f" -> {packing['order_search_batches']} (search over orders)"
+                         if packing.get("order_search_batches") else "")
                       + (f" -> {packing['cpsat_batches']} (CP-SAT)" if packing.get("cpsat_batches") else ""))
     elif "stopped" in stats:
         model = f"stopped: {stats['stopped']}"

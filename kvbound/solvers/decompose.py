@@ -182,6 +182,7 @@ def search(instance: Instance, objective: Objective, constraints: Constraints, s
             tracks.append(_Track("completion master", master, master.iterate(start_value)))
     n_pass, best_track, all_tracks, turns = 0, None, list(tracks), _Turns(deadline)
     packing_stats = configuration_stats = None
+    fewest_batches = 0  # a lower bound on every schedule's batches, once the configuration LP has one
     try:
         seeds = set()  # two heuristics may give the same schedule (srpt at ratio 1 and 2): one pattern
 
@@ -200,6 +201,7 @@ def search(instance: Instance, objective: Objective, constraints: Constraints, s
             config = configuration_batches(instance, deadline.share(CONFIGURATION_SHARE))
             value = config.batches * instance.cost.intercept + minimum_work(instance)
             configuration_stats = {**config.to_json(), "bound": value}
+            fewest_batches = config.batches
             if value > known_bound:
                 known_bound = value
                 progress.report(analytic=value)
@@ -207,7 +209,7 @@ def search(instance: Instance, objective: Objective, constraints: Constraints, s
         if not objective.is_mean and packing_applies(instance, constraints) and not proven():  # total latency ~ batches
             orders = {f"heuristic {k}": np.argsort(admission_keys(s, len(instance)), kind="stable")
                       for k, s in enumerate((start, *others))}
-            packing = pack(instance, deadline.share(PACKING_SHARE), orders)
+            packing = pack(instance, deadline.share(PACKING_SHARE), orders, fewest_batches)
             packing_stats = packing.stats
             if packing.schedule is not None:
                 offer(packing.schedule, "packed")

@@ -39,8 +39,14 @@ WORKERS = 8
 #: (25,987, the batch-by-batch fit), on 300 tight conversation requests 10,815 against CP-SAT's 10,851;
 #: CP-SAT after it gained 0-1 batch in 30 s (arXiv 30, 100, 300; conversation and code 300)
 ORDER_SEARCH_SHARE = 0.75
-#: spread of the noise a move adds to each rank (as a fraction of the number of requests)
-ORDER_NOISE = 0.03
+#: spreads of the noise a move adds to each rank (ranks in [0, 1)), taken in turn: 25 s of search on
+#: 100 tight requests reached 8,798-8,825 batches (arXiv) and 2,008-2,022 (conversation) with these,
+#: 8,848-8,882 and 2,020-2,026 with 0.03 alone (two seeds each)
+ORDER_NOISE = (0.003, 0.01, 0.03)
+#: moves without a shorter span after which the search over orders hands the rest of its time to
+#: CP-SAT (on 30 tight conversation requests it stalls within seconds at 322 batches, where CP-SAT
+#: reaches 312; on 30 arXiv requests it still gains after 500 moves)
+STALLED_MOVES = 2000
 
 
 @dataclass(frozen=True)
@@ -166,24 +172,30 @@ FITS = {"earliest fit": greedy_starts, "batch by batch": batchwise_starts}
 
 
 def search_orders(profiles: list[Profile], system: SystemConfig, seeds: dict[str, tuple[np.ndarray, int]],
-                  deadline: Deadline, rng: np.random.Generator) -> tuple[np.ndarray, int, str, int]:
+                  deadline: Deadline, rng: np.random.Generator,
+                  fewest: int = 0) -> tuple[np.ndarray, int, str, int]:
     """From each fit's best order (`seeds`: fit -> (order, its span)), moves that add noise
-    (ORDER_NOISE) to every rank, kept when the span is no longer, the fits taking turns, until
-    `deadline`. Answers the best order, its span, the fit's name and the moves made."""
+    (ORDER_NOISE, its spreads in turn) to every rank, kept when the span is no longer, the fits
+    taking turns, until `deadline`, a span of `fewest` (a lower bound on the batches) or
+    STALLED_MOVES moves without a shorter span. Answers the best order, its span, the fit's name
+    and the moves made."""
     lengths = np.array([p.batches for p in profiles], dtype=np.int64)
     chains = {}  # fit -> [ranks, span]
     for fit, (order, span) in seeds.items():
         ranks = np.empty(len(order))
         ranks[np.asarray(order)] = np.arange(len(order)) / max(1, len(order))
         chains[fit] = [ranks, span]
-    moves = 0
-    while chains and not deadline.expired():
+    moves = last_gain = 0
+    while (chains and not deadline.expired() and min(c[1] for c in chains.values()) > fewest
+           and moves - last_gain < STALLED_MOVES):
         for fit, chain in chains.items():
-            if deadline.expired():
+            if deadline.expired() or chain[1] <= fewest:
                 break
-            ranks = chain[0] + rng.normal(0.0, ORDER_NOISE, len(chain[0]))
+            ranks = chain[0] + rng.normal(0.0, ORDER_NOISE[moves % len(ORDER_NOISE)], len(chain[0]))
             span = int((FITS[fit](profiles, system, np.argsort(ranks, kind="stable")) + lengths).max())
             moves += 1
+            if span < chain[1]:
+                last_gain = moves
             if span <= chain[1]:  # ties too: moves along a plateau
                 chain[:] = [ranks, span]
     fit = min(chains, key=lambda f: chains[f][1])
@@ -210,9 +222,11 @@ class Packing:
     stats: dict = field(default_factory=dict)
 
 
-def pack(instance: Instance, deadline: Deadline, orders: dict[str, np.ndarray] | None = None) -> Packing:
+def pack(instance: Instance, deadline: Deadline, orders: dict[str, np.ndarray] | None = None,
+         fewest: int = 0) -> Packing:
     """Both greedy fits in `orders` (and a few of its own), the search over orders from the best of
-    each for ORDER_SEARCH_SHARE of the time left, then CP-SAT from the best until `deadline`."""
+    each for ORDER_SEARCH_SHARE of the time left, then CP-SAT from the best until `deadline`; both
+    stop at `fewest` batches, a lower bound on every schedule's (none can pack in fewer)."""
     profs = profiles(instance)
     lengths = np.array([p.batches for p in profs])
     orders = dict(orders or {})
@@ -236,16 +250,16 @@ def pack(instance: Instance, deadline: Deadline, orders: dict[str, np.ndarray] |
              "greedy_fit": best_fit}
     if best_starts is None:
         return Packing(None, 0, stats)
-    if deadline.remaining() > 1.0:
+    if deadline.remaining() > 1.0 and best_span > fewest:
         order, span, fit, moves = search_orders(profs, system, seeds, deadline.share(ORDER_SEARCH_SHARE),
-                                                np.random.default_rng(0))
+                                                np.random.default_rng(0), fewest)
         if span < best_span:
             best_starts, best_span = FITS[fit](profs, system, order), span
         stats.update({"order_search_batches": span, "order_search_fit": fit, "order_search_moves": moves})
     remaining = deadline.remaining()
-    if remaining > 1.0:
+    if remaining > 1.0 and best_span > fewest:
         payload = (profs, (system.kv_capacity, system.max_batch_tokens, system.prefill_per_batch), best_starts,
-                   best_span, WORKERS)
+                   best_span, WORKERS, fewest)
         answer = run_cpsat_process(_solve_packing_here, payload, max(0.0, remaining - 0.5))
         found = answer.outcome if answer.outcome is not None else answer.last
         if found is not None and found[1] is not None and found[1] < best_span:
@@ -262,7 +276,7 @@ def _solve_packing_here(payload, at: float, say=None, stop_conn=None, on_start=l
     minimum makespan, hinted with the greedy starts. Answers ("final", batches, bound, starts)."""
     from ortools.sat.python import cp_model
 
-    profs, (M, C, P), hint, horizon, workers = payload
+    profs, (M, C, P), hint, horizon, workers, fewest = payload
     lengths = [p.batches for p in profs]
     model = cp_model.CpModel()
     starts = [model.NewIntVar(0, int(horizon - n), f"start{r}") for r, n in enumerate(lengths)]
@@ -279,6 +293,7 @@ def _solve_packing_here(payload, at: float, say=None, stop_conn=None, on_start=l
         model.AddCumulative([i for i, _ in items], [d for _, d in items], int(capacity))
     span = model.NewIntVar(0, int(horizon), "span")
     model.AddMaxEquality(span, [s + int(n) for s, n in zip(starts, lengths)])
+    model.Add(span >= int(fewest))  # no schedule has fewer batches: CP-SAT can prove its answer there
     model.Minimize(span)
     for s, h in zip(starts, hint):
         model.AddHint(s, int(h))
