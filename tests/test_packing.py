@@ -184,6 +184,35 @@ def test_the_search_over_orders_hands_its_time_on_once_it_stalls():
     assert deadline.remaining() > 30.0
 
 
+def test_the_fits_give_up_once_the_deadline_has_passed():
+    inst = Instance([Request(40, 8), Request(30, 12), Request(20, 4)], SystemConfig(64, 64, 64, 4),
+                    PRESETS["llama2-7b-h100"])
+    profs = profiles(inst)
+    for fit in FITS.values():
+        assert fit(profs, inst.system, [0, 1, 2], Deadline(0.0)) is None
+        assert (fit(profs, inst.system, [0, 1, 2], Deadline(60.0)) == fit(profs, inst.system, [0, 1, 2])).all()
+    assert pack(inst, Deadline(0.0)).schedule is None
+
+
+def test_packing_answers_soon_after_an_interrupt(shared_data):
+    import threading
+
+    from kvbound import interrupt
+
+    inst = tight_instance(300)  # a fit takes ~0.3-1 s here
+    timer = threading.Timer(2.0, interrupt.request)
+    timer.start()
+    began = time.perf_counter()
+    try:
+        found = pack(inst, Deadline(120.0))
+    finally:
+        timer.cancel()
+        interrupt.reset()
+    assert time.perf_counter() - began < 2.0 + 2.0
+    if found.schedule is not None:
+        validate(inst, found.schedule)
+
+
 def test_the_batch_by_batch_fit_packs_300_tight_arxiv_requests_in_fewer_batches(shared_data):
     inst = tight_instance(300)  # M = 8,192: two or three requests fit at once
     profs = profiles(inst)

@@ -100,17 +100,21 @@ def profiles(instance: Instance) -> list[Profile]:
     return out
 
 
-def greedy_starts(profiles: list[Profile], system: SystemConfig, order) -> np.ndarray:
-    """Earliest-fit starts, request by request in `order`. Where a KV profile starting at t does not
-    fit at batch t + j, no start up to t + j - i does either, i being the longest prefix of the
-    profile that fits there (the profile is nondecreasing): the scan jumps there."""
+def greedy_starts(profiles: list[Profile], system: SystemConfig, order,
+                  deadline: Deadline | None = None) -> np.ndarray | None:
+    """Earliest-fit starts, request by request in `order` (None if `deadline` passes first: on
+    1,000 requests a fit takes seconds). Where a KV profile starting at t does not fit at batch
+    t + j, no start up to t + j - i does either, i being the longest prefix of the profile that
+    fits there (the profile is nondecreasing): the scan jumps there."""
     M, C, P = system.kv_capacity, system.max_batch_tokens, system.prefill_per_batch
     horizon = sum(p.batches for p in profiles)
     kv = np.zeros(horizon, dtype=np.int64)
     tokens = np.zeros(horizon, dtype=np.int64)
     prefill = np.zeros(horizon, dtype=np.int64)
     starts = np.zeros(len(profiles), dtype=np.int64)
-    for r in order:
+    for k, r in enumerate(order):
+        if deadline is not None and k % 16 == 0 and deadline.expired():
+            return None
         p = profiles[r]
         n, np_ = p.batches, p.prefill_batches
         t = 0
@@ -131,12 +135,13 @@ def greedy_starts(profiles: list[Profile], system: SystemConfig, order) -> np.nd
     return starts
 
 
-def batchwise_starts(profiles: list[Profile], system: SystemConfig, order) -> np.ndarray:
+def batchwise_starts(profiles: list[Profile], system: SystemConfig, order,
+                     deadline: Deadline | None = None) -> np.ndarray | None:
     """Batch by batch from the first, start every request not yet started whose profile fits from
-    there, in `order` (where `greedy_starts` places each request in turn at its earliest fit: on
-    requests of similar size this one fills M more evenly, on 300 tight arXiv requests 25,987
-    batches against 26,875). A first check of every request at once (its first and last batch
-    against the KV held there) spares the full check of most."""
+    there, in `order` (None if `deadline` passes first). Where `greedy_starts` places each request
+    in turn at its earliest fit, this one fills M more evenly on requests of similar size: on 300
+    tight arXiv requests 25,987 batches against 26,875. A first check of every request at once
+    (its first and last batch against the KV held there) spares the full check of most."""
     M, C, P = system.kv_capacity, system.max_batch_tokens, system.prefill_per_batch
     order = np.asarray(order, dtype=np.int64)
     lengths = np.array([p.batches for p in profiles], dtype=np.int64)[order]
@@ -150,6 +155,8 @@ def batchwise_starts(profiles: list[Profile], system: SystemConfig, order) -> np
     waiting = np.ones(len(order), dtype=bool)
     t = 0
     while waiting.any():
+        if deadline is not None and t % 256 == 0 and deadline.expired():
+            return None
         maybe = np.nonzero(waiting & (kv[t] + first <= M) & (kv[t + lengths - 1] + last <= M))[0]
         for i in maybe:
             r = int(order[i])
@@ -192,7 +199,10 @@ def search_orders(profiles: list[Profile], system: SystemConfig, seeds: dict[str
             if deadline.expired() or chain[1] <= fewest:
                 break
             ranks = chain[0] + rng.normal(0.0, ORDER_NOISE[moves % len(ORDER_NOISE)], len(chain[0]))
-            span = int((FITS[fit](profiles, system, np.argsort(ranks, kind="stable")) + lengths).max())
+            starts = FITS[fit](profiles, system, np.argsort(ranks, kind="stable"), deadline)
+            if starts is None:
+                break
+            span = int((starts + lengths).max())
             moves += 1
             if span < chain[1]:
                 last_gain = moves
@@ -238,9 +248,9 @@ def pack(instance: Instance, deadline: Deadline, orders: dict[str, np.ndarray] |
     seeds: dict[str, tuple[np.ndarray, int]] = {}  # each fit's best order and span
     for name, order in orders.items():
         for fit, starts_of in FITS.items():
-            if deadline.expired():
+            starts = starts_of(profs, system, order, deadline)
+            if starts is None:
                 break
-            starts = starts_of(profs, system, order)
             span = int((starts + lengths).max())
             if fit not in seeds or span < seeds[fit][1]:
                 seeds[fit] = (order, span)
