@@ -115,11 +115,12 @@ def test_the_search_over_orders_answers_an_order_whose_fit_has_its_span_and_no_l
     profs = profiles(inst)
     lengths = np.array([p.batches for p in profs])
     order = np.arange(len(inst))
-    seeds = {fit: (order, int((fit_of(profs, inst.system, order) + lengths).max())) for fit, fit_of in FITS.items()}
-    found, span, fit, moves = search_orders(profs, inst.system, seeds, Deadline(0.05), np.random.default_rng(seed))
+    seeds = {fit: (order, fit_of(profs, inst.system, order)) for fit, fit_of in FITS.items()}
+    found, starts, span, fit, moves = search_orders(profs, inst.system, seeds, Deadline(0.05),
+                                                    np.random.default_rng(seed))
     assert moves >= 1
-    assert span <= min(s for _, s in seeds.values())
-    starts = FITS[fit](profs, inst.system, found)
+    assert span <= min(int((s + lengths).max()) for _, s in seeds.values())
+    assert (FITS[fit](profs, inst.system, found) == starts).all()  # the order's fit gives these starts
     assert int((starts + lengths).max()) == span
     validate(inst, packed_schedule(inst, profs, starts))
 
@@ -165,21 +166,20 @@ def test_packing_stops_at_a_lower_bound_on_the_batches(shared_data):
     profs = profiles(inst)
     lengths = np.array([p.batches for p in profs])
     order = np.arange(len(inst))
-    seeds = {fit: (order, int((fit_of(profs, inst.system, order) + lengths).max())) for fit, fit_of in FITS.items()}
-    _, span, _, moves = search_orders(profs, inst.system, seeds, Deadline(30.0), np.random.default_rng(0),
-                                      fewest=10**9)
-    assert moves == 0 and span == min(s for _, s in seeds.values())
+    seeds = {fit: (order, fit_of(profs, inst.system, order)) for fit, fit_of in FITS.items()}
+    _, _, span, _, moves = search_orders(profs, inst.system, seeds, Deadline(30.0), np.random.default_rng(0),
+                                         fewest=10**9)
+    assert moves == 0 and span == min(int((s + lengths).max()) for _, s in seeds.values())
 
 
 def test_the_search_over_orders_hands_its_time_on_once_it_stalls():
     inst = Instance([Request(40, 8), Request(30, 12), Request(20, 4)], SystemConfig(64, 64, 64, 4),
                     PRESETS["llama2-7b-h100"])
     profs = profiles(inst)
-    lengths = np.array([p.batches for p in profs])
     order = np.arange(len(inst))
-    seeds = {fit: (order, int((fit_of(profs, inst.system, order) + lengths).max())) for fit, fit_of in FITS.items()}
+    seeds = {fit: (order, fit_of(profs, inst.system, order)) for fit, fit_of in FITS.items()}
     deadline = Deadline(60.0)
-    _, span, _, moves = search_orders(profs, inst.system, seeds, deadline, np.random.default_rng(0))
+    *_, moves = search_orders(profs, inst.system, seeds, deadline, np.random.default_rng(0))
     assert STALLED_MOVES <= moves < STALLED_MOVES + 100  # at most a few gains before it stalls
     assert deadline.remaining() > 30.0
 

@@ -178,20 +178,20 @@ def batchwise_starts(profiles: list[Profile], system: SystemConfig, order,
 FITS = {"earliest fit": greedy_starts, "batch by batch": batchwise_starts}
 
 
-def search_orders(profiles: list[Profile], system: SystemConfig, seeds: dict[str, tuple[np.ndarray, int]],
+def search_orders(profiles: list[Profile], system: SystemConfig, seeds: dict[str, tuple[np.ndarray, np.ndarray]],
                   deadline: Deadline, rng: np.random.Generator,
-                  fewest: int = 0) -> tuple[np.ndarray, int, str, int]:
-    """From each fit's best order (`seeds`: fit -> (order, its span)), moves that add noise
+                  fewest: int = 0) -> tuple[np.ndarray, np.ndarray, int, str, int]:
+    """From each fit's best order (`seeds`: fit -> (order, its starts)), moves that add noise
     (ORDER_NOISE, its spreads in turn) to every rank, kept when the span is no longer, the fits
     taking turns, until `deadline`, a span of `fewest` (a lower bound on the batches) or
-    STALLED_MOVES moves without a shorter span. Answers the best order, its span, the fit's name
-    and the moves made."""
+    STALLED_MOVES moves without a shorter span. Answers the best order, its starts and span, the
+    fit's name and the moves made."""
     lengths = np.array([p.batches for p in profiles], dtype=np.int64)
-    chains = {}  # fit -> [ranks, span]
-    for fit, (order, span) in seeds.items():
+    chains = {}  # fit -> [ranks, span, starts]
+    for fit, (order, starts) in seeds.items():
         ranks = np.empty(len(order))
         ranks[np.asarray(order)] = np.arange(len(order)) / max(1, len(order))
-        chains[fit] = [ranks, span]
+        chains[fit] = [ranks, int((starts + lengths).max()), starts]
     moves = last_gain = 0
     while (chains and not deadline.expired() and min(c[1] for c in chains.values()) > fewest
            and moves - last_gain < STALLED_MOVES):
@@ -207,9 +207,10 @@ def search_orders(profiles: list[Profile], system: SystemConfig, seeds: dict[str
             if span < chain[1]:
                 last_gain = moves
             if span <= chain[1]:  # ties too: moves along a plateau
-                chain[:] = [ranks, span]
+                chain[:] = [ranks, span, starts]
     fit = min(chains, key=lambda f: chains[f][1])
-    return np.argsort(chains[fit][0], kind="stable"), chains[fit][1], fit, moves
+    ranks, span, starts = chains[fit]
+    return np.argsort(ranks, kind="stable"), starts, span, fit, moves
 
 
 def packed_schedule(instance: Instance, profiles: list[Profile], starts) -> Schedule:
@@ -245,15 +246,15 @@ def pack(instance: Instance, deadline: Deadline, orders: dict[str, np.ndarray] |
                    "largest peak KV first": np.argsort(-np.array([p.kv[-1] for p in profs]), kind="stable")})
     system = instance.system
     best_starts, best_span, best_order, best_fit = None, math.inf, "", ""
-    seeds: dict[str, tuple[np.ndarray, int]] = {}  # each fit's best order and span
+    seeds: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # each fit's best order and its starts
     for name, order in orders.items():
         for fit, starts_of in FITS.items():
             starts = starts_of(profs, system, order, deadline)
             if starts is None:
                 break
             span = int((starts + lengths).max())
-            if fit not in seeds or span < seeds[fit][1]:
-                seeds[fit] = (order, span)
+            if fit not in seeds or span < int((seeds[fit][1] + lengths).max()):
+                seeds[fit] = (order, starts)
             if span < best_span:
                 best_starts, best_span, best_order, best_fit = starts, span, name, fit
     stats = {"greedy_batches": None if best_starts is None else best_span, "greedy_order": best_order,
@@ -261,10 +262,10 @@ def pack(instance: Instance, deadline: Deadline, orders: dict[str, np.ndarray] |
     if best_starts is None:
         return Packing(None, 0, stats)
     if deadline.remaining() > 1.0 and best_span > fewest:
-        order, span, fit, moves = search_orders(profs, system, seeds, deadline.share(ORDER_SEARCH_SHARE),
-                                                np.random.default_rng(0), fewest)
+        _, starts, span, fit, moves = search_orders(profs, system, seeds, deadline.share(ORDER_SEARCH_SHARE),
+                                                    np.random.default_rng(0), fewest)
         if span < best_span:
-            best_starts, best_span = FITS[fit](profs, system, order), span
+            best_starts, best_span = starts, span
         stats.update({"order_search_batches": span, "order_search_fit": fit, "order_search_moves": moves})
     remaining = deadline.remaining()
     if remaining > 1.0 and best_span > fewest:
