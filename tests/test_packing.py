@@ -24,6 +24,20 @@ from kvbound.workload import Instance, Request, SystemConfig, load_trace
 from .test_formulation import instances
 
 
+def fits_at(profile: Profile, system: SystemConfig, t: int, kv, tokens, prefill) -> bool:
+    pre = np.where(np.arange(profile.batches) < profile.prefill_batches, profile.tokens, 0)
+    window = slice(t, t + profile.batches)
+    return bool((kv[window] + profile.kv <= system.kv_capacity).all()
+                and (tokens[window] + profile.tokens <= system.max_batch_tokens).all()
+                and (prefill[window] + pre <= system.prefill_per_batch).all())
+
+
+def place_at(profile: Profile, t: int, kv, tokens, prefill) -> None:
+    kv[t:t + profile.batches] += profile.kv
+    tokens[t:t + profile.batches] += profile.tokens
+    prefill[t:t + profile.prefill_batches] += profile.tokens[:profile.prefill_batches]
+
+
 def earliest_fit(profiles: list[Profile], system: SystemConfig, order) -> np.ndarray:
     """The greedy's definition, without its jumps: for each request in order, the first start
     (scanning one batch at a time) where every batch keeps within M, C and P."""
@@ -32,15 +46,10 @@ def earliest_fit(profiles: list[Profile], system: SystemConfig, order) -> np.nda
     starts = np.zeros(len(profiles), dtype=np.int64)
     for r in order:
         p = profiles[r]
-        pre = np.where(np.arange(p.batches) < p.prefill_batches, p.tokens, 0)
         t = 0
-        while not ((kv[t:t + p.batches] + p.kv <= system.kv_capacity).all()
-                   and (tokens[t:t + p.batches] + p.tokens <= system.max_batch_tokens).all()
-                   and (prefill[t:t + p.batches] + pre <= system.prefill_per_batch).all()):
+        while not fits_at(p, system, t, kv, tokens, prefill):
             t += 1
-        kv[t:t + p.batches] += p.kv
-        tokens[t:t + p.batches] += p.tokens
-        prefill[t:t + p.batches] += pre
+        place_at(p, t, kv, tokens, prefill)
         starts[r] = t
     return starts
 
@@ -68,14 +77,6 @@ def test_greedy_jumps_find_the_earliest_fit_and_its_schedule_is_valid(inst, rng)
     assert len(schedule.batches) <= int((starts + [p.batches for p in profs]).max())
 
 
-def fits_at(profile: Profile, system: SystemConfig, t: int, kv, tokens, prefill) -> bool:
-    pre = np.where(np.arange(profile.batches) < profile.prefill_batches, profile.tokens, 0)
-    window = slice(t, t + profile.batches)
-    return bool((kv[window] + profile.kv <= system.kv_capacity).all()
-                and (tokens[window] + profile.tokens <= system.max_batch_tokens).all()
-                and (prefill[window] + pre <= system.prefill_per_batch).all())
-
-
 def batch_by_batch(profiles: list[Profile], system: SystemConfig, order) -> np.ndarray:
     """The batch-by-batch fit's definition, without its first check: at each batch in turn, every
     request not yet started that fits from there, in order."""
@@ -87,9 +88,7 @@ def batch_by_batch(profiles: list[Profile], system: SystemConfig, order) -> np.n
         for r in order:
             p = profiles[r]
             if r not in starts and fits_at(p, system, t, kv, tokens, prefill):
-                kv[t:t + p.batches] += p.kv
-                tokens[t:t + p.batches] += p.tokens
-                prefill[t:t + p.prefill_batches] += p.tokens[:p.prefill_batches]
+                place_at(p, t, kv, tokens, prefill)
                 starts[r] = t
         t += 1
     return np.array([starts[r] for r in range(len(profiles))])
