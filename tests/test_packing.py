@@ -17,15 +17,21 @@ from kvbound.schedulers import run_scheduler
 from kvbound.solvers import decompose
 from kvbound.solvers.api import satisfies, solve
 from kvbound.solvers.packing import (FITS, SEGMENT, STALLED_MOVES, Profile, batchwise_starts, chunk_size,
-                                     greedy_starts, pack, packed_schedule, profiles, search_orders)
+                                     from_the_end, greedy_starts, justified_order, pack, packed_schedule, profiles,
+                                     search_orders)
 from kvbound.costs.presets import PRESETS
 from kvbound.workload import Instance, Request, SystemConfig, load_trace
 
 from .test_formulation import instances
 
 
+def prefill_tokens(profile: Profile) -> np.ndarray:
+    first = np.arange(profile.batches) < profile.prefill_batches
+    return np.where(first[::-1] if profile.backward else first, profile.tokens, 0)
+
+
 def fits_at(profile: Profile, system: SystemConfig, t: int, kv, tokens, prefill) -> bool:
-    pre = np.where(np.arange(profile.batches) < profile.prefill_batches, profile.tokens, 0)
+    pre = prefill_tokens(profile)
     window = slice(t, t + profile.batches)
     return bool((kv[window] + profile.kv <= system.kv_capacity).all()
                 and (tokens[window] + profile.tokens <= system.max_batch_tokens).all()
@@ -35,7 +41,7 @@ def fits_at(profile: Profile, system: SystemConfig, t: int, kv, tokens, prefill)
 def place_at(profile: Profile, t: int, kv, tokens, prefill) -> None:
     kv[t:t + profile.batches] += profile.kv
     tokens[t:t + profile.batches] += profile.tokens
-    prefill[t:t + profile.prefill_batches] += profile.tokens[:profile.prefill_batches]
+    prefill[t:t + profile.batches] += prefill_tokens(profile)
 
 
 def earliest_fit(profiles: list[Profile], system: SystemConfig, order) -> np.ndarray:
@@ -105,6 +111,25 @@ def test_batch_by_batch_fit_starts_what_fits_at_each_batch_and_its_schedule_is_v
     assert (starts == batch_by_batch(profs, inst.system, order)).all()
     replay = validate(inst, packed_schedule(inst, profs, starts))  # raises on any broken rule
     assert replay.evictions.sum() == 0
+
+
+@settings(max_examples=150, deadline=None)
+@given(instances(min_requests=1, max_requests=6, max_prompt=40, max_output=40, block_sizes=(1, 4, 16),
+                 arrivals=False), st.randoms(use_true_random=False))
+def test_the_fits_from_the_end_are_the_forward_definitions_run_backwards_in_time(inst, rng):
+    profs = profiles(inst)
+    backward = [p.reversed() for p in profs]
+    assert all((b.reversed().kv == p.kv).all() and not b.reversed().backward for b, p in zip(backward, profs))
+    lengths = np.array([p.batches for p in profs])
+    order = list(range(len(inst)))
+    rng.shuffle(order)
+    for fit, reference in ((greedy_starts, earliest_fit), (batchwise_starts, batch_by_batch)):
+        starts = from_the_end(fit)(profs, inst.system, order)
+        ends = reference(backward, inst.system, order) + lengths  # batches counted from the last one
+        assert (starts == ends.max() - ends).all()
+        assert starts.min() == 0
+        replay = validate(inst, packed_schedule(inst, profs, starts))  # raises on any broken rule
+        assert replay.evictions.sum() == 0
 
 
 @settings(max_examples=40, deadline=None)
@@ -220,6 +245,19 @@ def test_the_batch_by_batch_fit_packs_300_tight_arxiv_requests_in_fewer_batches(
     batchwise = int((batchwise_starts(profs, inst.system, order) + lengths).max())
     earliest = int((greedy_starts(profs, inst.system, order) + lengths).max())
     assert batchwise < 0.98 * earliest  # measured: 25,987 against 26,875 batches
+
+
+def test_repacking_from_the_end_in_the_order_of_the_ends_shortens_100_tight_arxiv_requests(shared_data):
+    inst = tight_instance(100)
+    profs = profiles(inst)
+    lengths = np.array([p.batches for p in profs])
+    order = np.argsort(-np.array([p.kv[-1] for p in profs]), kind="stable")
+    forward = batchwise_starts(profs, inst.system, order)
+    backward = FITS["latest fit"](profs, inst.system, justified_order(forward, lengths, "latest fit"))
+    # measured: 8,974 -> 8,894 batches (the forward fit's last batches are half empty)
+    assert int((backward + lengths).max()) < 0.995 * int((forward + lengths).max())
+    again = FITS["earliest fit"](profs, inst.system, justified_order(backward, lengths, "earliest fit"))
+    assert int((again + lengths).max()) <= int((backward + lengths).max())  # measured: 8,894
 
 
 def test_search_keeps_a_packed_schedule_only_through_the_validator(shared_data):

@@ -5,10 +5,11 @@ Without arrivals and evictions, total latency is the intercept times the number 
 work that the schedule does not change (per token, decode KV reads, and the chunked prefill
 attention, which telescopes to I^2), so fewer batches is a shorter schedule. A request run without
 pauses from batch s holds in its k-th batch what it holds alone there (its `Profile`), so the
-starts are a cumulative scheduling problem. Two greedy fits turn an order of the requests into
+starts are a cumulative scheduling problem. Greedy fits turn an order of the requests into
 starts (request by request at its earliest fit, or batch by batch starting every request that fits
-there); a search over orders (random moves of the best order's ranks, kept when the span is no
-longer) improves the best of them for ORDER_SEARCH_SHARE of the time, and CP-SAT's interval model
+there; each also from the last batch backwards); a search over orders (random moves of the best
+order's ranks, kept when the span is no longer, and each shorter schedule re-packed by the other fits
+in the order of its starts or ends) improves the best of them for ORDER_SEARCH_SHARE of the time, and CP-SAT's interval model
 (two or three cumulative resources, minimum makespan) the best of those until its deadline. Decode
 batches are charged per segment of SEGMENT batches at the segment's largest KV (at most a block
 more than they hold), so every CP-SAT solution fits; the validator checks every schedule anyway,
@@ -47,6 +48,10 @@ ORDER_NOISE = (0.003, 0.01, 0.03)
 #: CP-SAT (on 30 tight conversation requests it stalls within seconds at 322 batches, where CP-SAT
 #: reaches 312; on 30 arXiv requests it still gains after 500 moves)
 STALLED_MOVES = 2000
+#: a fit whose order has not shortened in STALE_MOVES of its moves moves only every STALE_TURN-th round
+#: (which fit gains differs by trace: arXiv the batch-by-batch fit, conversation the latest fit)
+STALE_MOVES = 20
+STALE_TURN = 4
 
 
 @dataclass(frozen=True)
@@ -57,10 +62,21 @@ class Profile:
     tokens: np.ndarray
     kv: np.ndarray
     prefill_batches: int
+    #: run backwards in time (prefill chunks last, KV nonincreasing), as the fits from the end place it
+    backward: bool = False
 
     @property
     def batches(self) -> int:
         return len(self.tokens)
+
+    @property
+    def prefill(self) -> slice:
+        """The batches of its prefill chunks."""
+        n = self.batches
+        return slice(n - self.prefill_batches, n) if self.backward else slice(0, self.prefill_batches)
+
+    def reversed(self) -> Profile:
+        return Profile(self.tokens[::-1], self.kv[::-1], self.prefill_batches, not self.backward)
 
     def segments(self) -> list[tuple[int, int]]:
         """(offset, length): each prefill chunk alone, then the decodes SEGMENT at a time."""
@@ -111,13 +127,15 @@ class _Load:
 
     def tokens_fit(self, p: Profile, t: int) -> bool:
         """`p` started at batch t keeps every batch within C and P (M is each fit's own check)."""
+        pre = p.prefill
         return bool((self.tokens[t:t + p.batches] + p.tokens <= self.C).all()
-                    and (self.prefill[t:t + p.prefill_batches] + p.tokens[:p.prefill_batches] <= self.P).all())
+                    and (self.prefill[t + pre.start:t + pre.stop] + p.tokens[pre] <= self.P).all())
 
     def place(self, p: Profile, t: int) -> None:
+        pre = p.prefill
         self.kv[t:t + p.batches] += p.kv
         self.tokens[t:t + p.batches] += p.tokens
-        self.prefill[t:t + p.prefill_batches] += p.tokens[:p.prefill_batches]
+        self.prefill[t + pre.start:t + pre.stop] += p.tokens[pre]
 
 
 def greedy_starts(profiles: list[Profile], system: SystemConfig, order,
@@ -125,7 +143,8 @@ def greedy_starts(profiles: list[Profile], system: SystemConfig, order,
     """Earliest-fit starts, request by request in `order` (None if `deadline` passes first: on
     1,000 requests a fit takes seconds). Where a KV profile starting at t does not fit at batch
     t + j, no start up to t + j - i does either, i being the longest prefix of the profile that
-    fits there (the profile is nondecreasing): the scan jumps there."""
+    fits there (the profile is nondecreasing): the scan jumps there. A backward profile
+    (nonincreasing) puts at least as much there from every start up to t + j."""
     load = _Load(system, sum(p.batches for p in profiles))
     M, kv = load.M, load.kv
     starts = np.zeros(len(profiles), dtype=np.int64)
@@ -139,7 +158,9 @@ def greedy_starts(profiles: list[Profile], system: SystemConfig, order,
             if not len(kv_over) and load.tokens_fit(p, t):
                 break
             step = 1
-            if len(kv_over):
+            if len(kv_over) and p.backward:
+                step = int(kv_over.max()) + 1
+            elif len(kv_over):
                 fits = np.searchsorted(p.kv, M - kv[t + kv_over], side="right") - 1
                 step = max(step, int((kv_over - fits).max()))
             t += step
@@ -180,8 +201,55 @@ def batchwise_starts(profiles: list[Profile], system: SystemConfig, order,
     return starts
 
 
+def from_the_end(fit):
+    """`fit` run backwards in time: the requests' reversed profiles packed from the schedule's last
+    batch, the first in the order ending last. A schedule read backwards packs the reversed profiles
+    (each batch holds the same sums), so these search the same schedules from the other side: where
+    the forward fits leave the last batches half empty, these leave the first ones. On 300 tight
+    conversation requests the latest fit packs 10,788 batches, the forward fits 10,900 at best."""
+    def backward_fit(profiles: list[Profile], system: SystemConfig, order,
+                     deadline: Deadline | None = None) -> np.ndarray | None:
+        starts = fit([p.reversed() for p in profiles], system, order, deadline)
+        if starts is None:
+            return None
+        ends = starts + np.array([p.batches for p in profiles], dtype=np.int64)
+        return ends.max() - ends
+    return backward_fit
+
+
 #: the greedy fits, by name
-FITS = {"earliest fit": greedy_starts, "batch by batch": batchwise_starts}
+FITS = {"earliest fit": greedy_starts, "batch by batch": batchwise_starts,
+        "latest fit": from_the_end(greedy_starts), "batch by batch from the end": from_the_end(batchwise_starts)}
+#: the fits that pack from the end (their orders are of the requests' last batches, latest first)
+BACKWARD = {"latest fit", "batch by batch from the end"}
+
+
+def justified_order(starts: np.ndarray, lengths: np.ndarray, fit: str) -> np.ndarray:
+    """The order in which `fit` re-packs these starts: by start for the forward fits, by end (latest
+    first) for the fits from the end. Packing a schedule from the end in the order of its ends and
+    then from the start in the order of those starts (forward-backward improvement) shortens it where
+    its first or last batches are half empty: on 100 tight arXiv requests 8,974 -> 8,881 batches in
+    two rounds."""
+    if fit in BACKWARD:
+        return np.argsort(-(starts + lengths), kind="stable")
+    return np.argsort(starts, kind="stable")
+
+
+@dataclass
+class _Chain:
+    """One fit's current order in the search over orders: its ranks, their starts and span, and its
+    moves since its span last shortened."""
+
+    ranks: np.ndarray
+    starts: np.ndarray
+    span: int
+    idle: int = 0
+
+    @classmethod
+    def of(cls, order, starts: np.ndarray, lengths: np.ndarray) -> _Chain:
+        ranks = np.empty(len(order))
+        ranks[np.asarray(order)] = np.arange(len(order)) / max(1, len(order))
+        return cls(ranks, starts, int((starts + lengths).max()))
 
 
 def search_orders(profiles: list[Profile], system: SystemConfig, seeds: dict[str, tuple[np.ndarray, np.ndarray]],
@@ -189,34 +257,71 @@ def search_orders(profiles: list[Profile], system: SystemConfig, seeds: dict[str
                   fewest: int = 0) -> tuple[np.ndarray, np.ndarray, int, str, int]:
     """From each fit's best order (`seeds`: fit -> (order, its starts)), moves that add noise
     (ORDER_NOISE, its spreads in turn) to every rank, kept when the span is no longer, the fits
-    taking turns, until `deadline`, a span of `fewest` (a lower bound on the batches) or
-    STALLED_MOVES moves without a shorter span. Answers the best order, its starts and span, the
-    fit's name and the moves made."""
+    taking turns (one that has not gained for STALE_MOVES moves every STALE_TURN-th round); each span
+    shorter than all before is offered to the other fits in their `justified_order`. Until
+    `deadline`, a span of `fewest` (a lower bound on the batches) or STALLED_MOVES moves without a
+    shorter span. Answers the best order, its starts and span, the fit's name and the moves made."""
     lengths = np.array([p.batches for p in profiles], dtype=np.int64)
-    chains = {}  # fit -> [ranks, span, starts]
-    for fit, (order, starts) in seeds.items():
-        ranks = np.empty(len(order))
-        ranks[np.asarray(order)] = np.arange(len(order)) / max(1, len(order))
-        chains[fit] = [ranks, int((starts + lengths).max()), starts]
+    chains = {fit: _Chain.of(order, starts, lengths) for fit, (order, starts) in seeds.items()}
+    best = min((c.span for c in chains.values()), default=0)
     moves = last_gain = 0
-    while (chains and not deadline.expired() and min(c[1] for c in chains.values()) > fewest
-           and moves - last_gain < STALLED_MOVES):
+
+    def stop() -> bool:
+        return deadline.expired() or best <= fewest
+
+    def keep(chain: _Chain, found: _Chain) -> None:
+        """`found` replaces `chain` if no longer (ties too: moves along a plateau)."""
+        nonlocal last_gain
+        chain.idle += 1
+        if found.span < chain.span:
+            last_gain, chain.idle = moves, 0
+        if found.span <= chain.span:
+            chain.ranks, chain.starts, chain.span = found.ranks, found.starts, found.span
+
+    def justify(starts: np.ndarray, found_by: str) -> None:
+        """A new shortest span, re-packed by the other fits in their justified orders, while that shortens it."""
+        nonlocal best, moves
+        pending = [(starts, found_by)]
+        while pending and not stop():
+            starts, found_by = pending.pop()
+            for fit, chain in chains.items():
+                if fit == found_by or stop():
+                    continue
+                order = justified_order(starts, lengths, fit)
+                tried = FITS[fit](profiles, system, order, deadline)
+                if tried is None:
+                    return
+                moves += 1
+                found = _Chain.of(order, tried, lengths)
+                keep(chain, found)
+                if found.span < best:
+                    best = found.span
+                    pending.append((tried, fit))
+
+    if chains:
+        first = min(chains, key=lambda f: chains[f].span)
+        justify(chains[first].starts, first)
+    rounds = 0
+    while chains and not stop() and moves - last_gain < STALLED_MOVES:
+        rounds += 1
         for fit, chain in chains.items():
-            if deadline.expired() or chain[1] <= fewest:
+            if stop():
                 break
-            ranks = chain[0] + rng.normal(0.0, ORDER_NOISE[moves % len(ORDER_NOISE)], len(chain[0]))
+            if chain.idle >= STALE_MOVES and rounds % STALE_TURN:
+                continue
+            ranks = chain.ranks + rng.normal(0.0, ORDER_NOISE[moves % len(ORDER_NOISE)], len(chain.ranks))
             starts = FITS[fit](profiles, system, np.argsort(ranks, kind="stable"), deadline)
             if starts is None:
                 break
-            span = int((starts + lengths).max())
             moves += 1
-            if span < chain[1]:
-                last_gain = moves
-            if span <= chain[1]:  # ties too: moves along a plateau
-                chain[:] = [ranks, span, starts]
-    fit = min(chains, key=lambda f: chains[f][1])
-    ranks, span, starts = chains[fit]
-    return np.argsort(ranks, kind="stable"), starts, span, fit, moves
+            found = _Chain(ranks, starts, int((starts + lengths).max()))
+            keep(chain, found)
+            if found.span < best:
+                best = found.span
+                justify(starts, fit)
+    fit = min(chains, key=lambda f: chains[f].span)
+    chain = chains[fit]
+    return np.argsort(chain.ranks, kind="stable"), chain.starts, chain.span, fit, moves
 
 
 def packed_schedule(instance: Instance, profiles: list[Profile], starts) -> Schedule:
