@@ -48,10 +48,9 @@ ORDER_NOISE = (0.003, 0.01, 0.03)
 #: CP-SAT (on 30 tight conversation requests it stalls within seconds at 322 batches, where CP-SAT
 #: reaches 312; on 30 arXiv requests it still gains after 500 moves)
 STALLED_MOVES = 2000
-#: a fit whose order has not shortened in STALE_MOVES of its moves moves only every STALE_TURN-th round
-#: (which fit gains differs by trace: arXiv the batch-by-batch fit, conversation the latest fit)
-STALE_MOVES = 20
-STALE_TURN = 4
+#: a fit whose span is not the shortest moves only every TRAILING_TURN-th round of the search over
+#: orders (which fit gains differs by trace: on arXiv batch by batch, on conversation the latest fit)
+TRAILING_TURN = 4
 
 
 @dataclass(frozen=True)
@@ -175,7 +174,10 @@ def batchwise_starts(profiles: list[Profile], system: SystemConfig, order,
     there, in `order` (None if `deadline` passes first). Where `greedy_starts` places each request
     in turn at its earliest fit, this one fills M more evenly on requests of similar size: on 300
     tight arXiv requests 25,987 batches against 26,875. A first check of every request at once
-    (its first and last batch against the KV held there) spares the full check of most."""
+    (its first and last batch against the KV held there) spares the full check of most, and the
+    scan skips the batches where not even the smallest first batch of a waiting request fits (the
+    fit from the end: 0.46 s instead of 1.39 s on 1,000 tight arXiv requests, 2.0 s instead of 2.5 s
+    forward)."""
     order = np.asarray(order, dtype=np.int64)
     lengths = np.array([p.batches for p in profiles], dtype=np.int64)[order]
     first = np.array([p.kv[0] for p in profiles], dtype=np.int64)[order]
@@ -184,9 +186,10 @@ def batchwise_starts(profiles: list[Profile], system: SystemConfig, order,
     M, kv = load.M, load.kv
     starts = np.zeros(len(profiles), dtype=np.int64)
     waiting = np.ones(len(order), dtype=bool)
-    t = 0
+    smallest_first = int(first.min())  # of the requests waiting
+    t = steps = 0
     while waiting.any():
-        if deadline is not None and t % 256 == 0 and deadline.expired():
+        if deadline is not None and steps % 256 == 0 and deadline.expired():
             return None
         maybe = np.nonzero(waiting & (kv[t] + first <= M) & (kv[t + lengths - 1] + last <= M))[0]
         for i in maybe:
@@ -197,8 +200,20 @@ def batchwise_starts(profiles: list[Profile], system: SystemConfig, order,
             load.place(p, t)
             starts[r] = t
             waiting[i] = False
-        t += 1
+        if len(maybe) and waiting.any():
+            smallest_first = int(first[waiting].min())
+        t = _next_with_room(kv, t + 1, M - smallest_first)  # no request starts where its first batch does not fit
+        steps += 1
     return starts
+
+
+def _next_with_room(kv: np.ndarray, t: int, room: int, window: int = 512) -> int:
+    """The first batch from t that holds at most `room` of KV (`kv` ends in empty batches)."""
+    while True:
+        hits = np.flatnonzero(kv[t:t + window] <= room)
+        if len(hits):
+            return t + int(hits[0])
+        t += window
 
 
 def from_the_end(fit):
@@ -237,91 +252,86 @@ def justified_order(starts: np.ndarray, lengths: np.ndarray, fit: str) -> np.nda
 
 @dataclass
 class _Chain:
-    """One fit's current order in the search over orders: its ranks, their starts and span, and its
-    moves since its span last shortened."""
+    """An order's ranks in the search over orders, with its fit's starts and span."""
 
     ranks: np.ndarray
     starts: np.ndarray
     span: int
-    idle: int = 0
+    fit: str
 
     @classmethod
-    def of(cls, order, starts: np.ndarray, lengths: np.ndarray) -> _Chain:
+    def of(cls, order, starts: np.ndarray, lengths: np.ndarray, fit: str) -> _Chain:
         ranks = np.empty(len(order))
         ranks[np.asarray(order)] = np.arange(len(order)) / max(1, len(order))
-        return cls(ranks, starts, int((starts + lengths).max()))
+        return cls(ranks, starts, int((starts + lengths).max()), fit)
 
 
 def search_orders(profiles: list[Profile], system: SystemConfig, seeds: dict[str, tuple[np.ndarray, np.ndarray]],
                   deadline: Deadline, rng: np.random.Generator,
                   fewest: int = 0) -> tuple[np.ndarray, np.ndarray, int, str, int]:
     """From each fit's best order (`seeds`: fit -> (order, its starts)), moves that add noise
-    (ORDER_NOISE, its spreads in turn) to every rank, kept when the span is no longer, the fits
-    taking turns (one that has not gained for STALE_MOVES moves every STALE_TURN-th round); each span
-    shorter than all before is offered to the other fits in their `justified_order`. Until
+    (ORDER_NOISE, its spreads in turn) to every rank, kept when that fit's span is no longer. The
+    fits take turns, each on its own order, the ones whose span is not the shortest every
+    TRAILING_TURN-th round; each span shorter than all before is re-packed by the other fits in
+    their `justified_order`, and so on while that shortens it (those schedules are candidates, not
+    the fits' own orders: on 30 tight arXiv requests handing them over left every fit in the same
+    place, 2,316-2,317 batches where the search stalls, against 2,281-2,318 without). Until
     `deadline`, a span of `fewest` (a lower bound on the batches) or STALLED_MOVES moves without a
-    shorter span. Answers the best order, its starts and span, the fit's name and the moves made."""
+    fit's span shortening. Answers the best order, its starts and span, the fit's name and the
+    moves made."""
     lengths = np.array([p.batches for p in profiles], dtype=np.int64)
-    chains = {fit: _Chain.of(order, starts, lengths) for fit, (order, starts) in seeds.items()}
-    best = min((c.span for c in chains.values()), default=0)
+    chains = {fit: _Chain.of(order, starts, lengths, fit) for fit, (order, starts) in seeds.items()}
+    if not chains:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), 0, "", 0
+    best = min(chains.values(), key=lambda c: c.span)
     moves = last_gain = 0
 
     def stop() -> bool:
-        return deadline.expired() or best <= fewest
+        return deadline.expired() or best.span <= fewest
 
-    def keep(chain: _Chain, found: _Chain) -> None:
-        """`found` replaces `chain` if no longer (ties too: moves along a plateau)."""
-        nonlocal last_gain
-        chain.idle += 1
-        if found.span < chain.span:
-            last_gain, chain.idle = moves, 0
-        if found.span <= chain.span:
-            chain.ranks, chain.starts, chain.span = found.ranks, found.starts, found.span
-
-    def justify(starts: np.ndarray, found_by: str) -> None:
-        """A new shortest span, re-packed by the other fits in their justified orders, while that shortens it."""
+    def justify(found: _Chain) -> None:
+        """Re-pack a new shortest schedule with the other fits in their justified orders, while that shortens it."""
         nonlocal best, moves
-        pending = [(starts, found_by)]
+        pending = [found]
         while pending and not stop():
-            starts, found_by = pending.pop()
-            for fit, chain in chains.items():
-                if fit == found_by or stop():
+            found = pending.pop()
+            for fit in chains:
+                if fit == found.fit or stop():
                     continue
-                order = justified_order(starts, lengths, fit)
-                tried = FITS[fit](profiles, system, order, deadline)
-                if tried is None:
+                order = justified_order(found.starts, lengths, fit)
+                starts = FITS[fit](profiles, system, order, deadline)
+                if starts is None:
                     return
                 moves += 1
-                found = _Chain.of(order, tried, lengths)
-                keep(chain, found)
-                if found.span < best:
-                    best = found.span
-                    pending.append((tried, fit))
+                tried = _Chain.of(order, starts, lengths, fit)
+                if tried.span < best.span:
+                    best = tried
+                    pending.append(tried)
 
-    if chains:
-        first = min(chains, key=lambda f: chains[f].span)
-        justify(chains[first].starts, first)
+    justify(best)
     rounds = 0
-    while chains and not stop() and moves - last_gain < STALLED_MOVES:
+    while not stop() and moves - last_gain < STALLED_MOVES:
         rounds += 1
+        shortest = min(c.span for c in chains.values())
         for fit, chain in chains.items():
             if stop():
                 break
-            if chain.idle >= STALE_MOVES and rounds % STALE_TURN:
+            if chain.span > shortest and rounds % TRAILING_TURN:
                 continue
             ranks = chain.ranks + rng.normal(0.0, ORDER_NOISE[moves % len(ORDER_NOISE)], len(chain.ranks))
             starts = FITS[fit](profiles, system, np.argsort(ranks, kind="stable"), deadline)
             if starts is None:
                 break
             moves += 1
-            found = _Chain(ranks, starts, int((starts + lengths).max()))
-            keep(chain, found)
-            if found.span < best:
-                best = found.span
-                justify(starts, fit)
-    fit = min(chains, key=lambda f: chains[f].span)
-    chain = chains[fit]
-    return np.argsort(chain.ranks, kind="stable"), chain.starts, chain.span, fit, moves
+            tried = _Chain(ranks, starts, int((starts + lengths).max()), fit)
+            if tried.span < chain.span:
+                last_gain = moves
+            if tried.span <= chain.span:  # ties too: moves along a plateau
+                chains[fit] = chain = tried
+            if tried.span < best.span:
+                best = tried
+                justify(tried)
+    return np.argsort(best.ranks, kind="stable"), best.starts, best.span, best.fit, moves
 
 
 def packed_schedule(instance: Instance, profiles: list[Profile], starts) -> Schedule:
