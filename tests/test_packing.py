@@ -208,18 +208,6 @@ def test_the_search_over_orders_hands_its_time_on_once_it_stalls():
     assert deadline.remaining() > 30.0
 
 
-def test_packing_starts_the_stalled_search_again_until_its_share_of_the_time_ends():
-    inst = Instance([Request(40, 8), Request(30, 12), Request(20, 4)], SystemConfig(64, 64, 64, 4),
-                    PRESETS["llama2-7b-h100"])
-    began = time.perf_counter()
-    found = pack(inst, Deadline(8.0))
-    stats = found.stats
-    assert stats["order_search_runs"] >= 2 and stats["order_search_moves"] >= 2 * STALLED_MOVES
-    assert found.batches <= stats["order_search_batches"] <= stats["greedy_batches"]
-    assert time.perf_counter() - began < 8.0 + 2.0
-    validate(inst, found.schedule)
-
-
 def test_the_fits_give_up_once_the_deadline_has_passed():
     inst = Instance([Request(40, 8), Request(30, 12), Request(20, 4)], SystemConfig(64, 64, 64, 4),
                     PRESETS["llama2-7b-h100"])

@@ -44,9 +44,9 @@ ORDER_SEARCH_SHARE = 0.75
 #: 100 tight requests reached 8,798-8,825 batches (arXiv) and 2,008-2,022 (conversation) with these,
 #: 8,848-8,882 and 2,020-2,026 with 0.03 alone (two seeds each)
 ORDER_NOISE = (0.003, 0.01, 0.03)
-#: moves without a fit's span shortening after which the search over orders stops; `pack` then starts
-#: it again from the seeds with the next random moves until its share of the time ends (on 30 tight
-#: arXiv requests it still gains after 500 moves; where it stalls differs much by the moves)
+#: moves without a shorter span after which the search over orders hands the rest of its time to
+#: CP-SAT (on 30 tight conversation requests it stalls within seconds at 322 batches, where CP-SAT
+#: reaches 312; on 30 arXiv requests it still gains after 500 moves)
 STALLED_MOVES = 2000
 #: a fit whose span is not the shortest moves only every TRAILING_TURN-th round of the search over
 #: orders (which fit gains differs by trace: on arXiv batch by batch, on conversation the latest fit)
@@ -356,9 +356,8 @@ class Packing:
 
 def pack(instance: Instance, deadline: Deadline, orders: dict[str, np.ndarray] | None = None,
          fewest: int = 0) -> Packing:
-    """The greedy fits in `orders` (and a few of its own), the search over orders from the best of
-    each for ORDER_SEARCH_SHARE of the time left (again from them when it stalls), then CP-SAT from
-    the best until `deadline`; both
+    """Both greedy fits in `orders` (and a few of its own), the search over orders from the best of
+    each for ORDER_SEARCH_SHARE of the time left, then CP-SAT from the best until `deadline`; both
     stop at `fewest` batches, a lower bound on every schedule's (none can pack in fewer)."""
     profs = profiles(instance)
     lengths = np.array([p.batches for p in profs])
@@ -384,22 +383,11 @@ def pack(instance: Instance, deadline: Deadline, orders: dict[str, np.ndarray] |
     if best_starts is None:
         return Packing(None, 0, stats)
     if deadline.remaining() > 1.0 and best_span > fewest:
-        searching, rng = deadline.share(ORDER_SEARCH_SHARE), np.random.default_rng(0)
-        found, moves, runs = None, 0, 0
-        while True:
-            # a search that stalls starts again from the seeds with the next random moves: where it
-            # stalls differs much by them (30 tight arXiv requests: 2,281-2,318 batches)
-            _, starts, span, fit, made = search_orders(profs, system, seeds, searching, rng, fewest)
-            moves, runs = moves + made, runs + 1
-            if found is None or span < found[1]:
-                found = (starts, span, fit)
-            if searching.expired() or searching.remaining() <= 1.0 or span <= fewest or not made:
-                break
-        starts, span, fit = found
+        _, starts, span, fit, moves = search_orders(profs, system, seeds, deadline.share(ORDER_SEARCH_SHARE),
+                                                    np.random.default_rng(0), fewest)
         if span < best_span:
             best_starts, best_span = starts, span
-        stats.update({"order_search_batches": span, "order_search_fit": fit, "order_search_moves": moves,
-                      "order_search_runs": runs})
+        stats.update({"order_search_batches": span, "order_search_fit": fit, "order_search_moves": moves})
     remaining = deadline.remaining()
     if remaining > 1.0 and best_span > fewest:
         payload = (profs, (system.kv_capacity, system.max_batch_tokens, system.prefill_per_batch), best_starts,
