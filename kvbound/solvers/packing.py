@@ -8,12 +8,13 @@ pauses from batch s holds in its k-th batch what it holds alone there (its `Prof
 starts are a cumulative scheduling problem. Greedy fits turn an order of the requests into
 starts (request by request at its earliest fit, or batch by batch starting every request that fits
 there; each also from the last batch backwards); a search over orders (random moves of the best
-order's ranks, kept when the span is no longer, and each shorter schedule re-packed by the other fits
-in the order of its starts or ends) improves the best of them for ORDER_SEARCH_SHARE of the time, and CP-SAT's interval model
-(two or three cumulative resources, minimum makespan) the best of those until its deadline. Decode
-batches are charged per segment of SEGMENT batches at the segment's largest KV (at most a block
-more than they hold), so every CP-SAT solution fits; the validator checks every schedule anyway,
-and the search keeps one only if the validator's latency is lower.
+order's ranks, kept when the span is no longer, and each shorter schedule re-packed by the other
+fits in the order of its starts or ends) improves the best of them for ORDER_SEARCH_SHARE of the
+time, and CP-SAT's interval model (two or three cumulative resources, minimum makespan) the best of
+those until its deadline. Decode batches are charged per segment of SEGMENT batches at the
+segment's largest KV (at most a block more than they hold), so every CP-SAT solution fits; the
+validator checks every schedule anyway, and the search keeps one only if the validator's latency
+is lower.
 """
 from __future__ import annotations
 
