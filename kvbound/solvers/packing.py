@@ -233,11 +233,10 @@ def from_the_end(fit):
     return backward_fit
 
 
-#: the greedy fits, by name
-FITS = {"earliest fit": greedy_starts, "batch by batch": batchwise_starts,
-        "latest fit": from_the_end(greedy_starts), "batch by batch from the end": from_the_end(batchwise_starts)}
 #: the fits that pack from the end (their orders are of the requests' last batches, latest first)
-BACKWARD = {"latest fit", "batch by batch from the end"}
+BACKWARD = {"latest fit": from_the_end(greedy_starts), "batch by batch from the end": from_the_end(batchwise_starts)}
+#: the greedy fits, by name
+FITS = {"earliest fit": greedy_starts, "batch by batch": batchwise_starts, **BACKWARD}
 
 
 def justified_order(starts: np.ndarray, lengths: np.ndarray, fit: str) -> np.ndarray:
@@ -282,8 +281,6 @@ def search_orders(profiles: list[Profile], system: SystemConfig, seeds: dict[str
     moves made."""
     lengths = np.array([p.batches for p in profiles], dtype=np.int64)
     chains = {fit: _Chain.of(order, starts, lengths, fit) for fit, (order, starts) in seeds.items()}
-    if not chains:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), 0, "", 0
     best = min(chains.values(), key=lambda c: c.span)
     moves = last_gain = 0
 
