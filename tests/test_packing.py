@@ -16,9 +16,9 @@ from kvbound.schedule import Batch, Schedule, validate
 from kvbound.schedulers import run_scheduler
 from kvbound.solvers import decompose
 from kvbound.solvers.api import satisfies, solve
-from kvbound.solvers.packing import (FITS, SEGMENT, STALLED_MOVES, Profile, batchwise_starts, chunk_size,
-                                     from_the_end, greedy_starts, justified_order, pack, packed_schedule, profiles,
-                                     search_orders)
+from kvbound.solvers.packing import (DECODE_ROOM, FITS, SEGMENT, STALLED_MOVES, Profile, batchwise_starts, chunk_size,
+                                     decode_room, from_the_end, greedy_starts, justified_order, pack, packed_schedule,
+                                     profiles, search_orders)
 from kvbound.costs.presets import PRESETS
 from kvbound.workload import Instance, Request, SystemConfig, load_trace
 
@@ -70,7 +70,7 @@ def test_greedy_jumps_find_the_earliest_fit_and_its_schedule_is_valid(inst, rng)
         held = validate(alone, Schedule(alone.requests, [Batch({0: int(c)}) for c in p.tokens])).batch_kv
         assert int(p.tokens.sum()) == r.prompt + r.output - 1
         assert (p.kv >= held).all() and (np.diff(p.kv) >= 0).all()  # charged at least what it holds, nondecreasing
-        assert (p.tokens[:p.prefill_batches] <= chunk_size(inst.system)).all()
+        assert (p.tokens[:p.prefill_batches] <= chunk_size(inst)).all()
         # within a decode segment the charge exceeds what is held by at most the segment's growth
         assert (p.kv - held <= inst.system.blocks(SEGMENT) + inst.system.block_size).all()
     order = list(range(len(inst)))
@@ -157,6 +157,16 @@ def tight_instance(n: int = 10) -> Instance:
     requests = [Request(r.prompt, r.output, 0.0) for r in load_trace(trace, limit=n)]
     m = 2 * max(-(-r.peak_kv // 16) * 16 for r in requests)
     return Instance(requests, SystemConfig(m, 2048, 2048, 16), PRESETS["llama2-7b-h100"])
+
+
+def loose_conversation(n: int) -> Instance:
+    """The first n requests of the Splitwise conversation trace, all at 0, with M = 100,000 tokens:
+    about a hundred decode together."""
+    from .conftest import SHARED_DATA, shared_data  # noqa: F401 (skips without the data)
+
+    requests = [Request(r.prompt, r.output, 0.0) for r in load_trace(SHARED_DATA / "traces" / "splitwise_conv.csv",
+                                                                     limit=n)]
+    return Instance(requests, SystemConfig(100_000, 2048, 2048, 16), PRESETS["llama2-7b-h100"])
 
 
 def heuristic_best(inst: Instance) -> float:
@@ -287,3 +297,24 @@ def test_search_packs_only_where_packed_schedules_can_meet_the_constraints(const
     if found.schedule is not None:
         assert satisfies(inst, found.schedule, constraints)
         validate(inst, found.schedule)
+
+
+def test_prefill_chunks_leave_room_for_as_many_decodes_as_m_holds(shared_data):
+    tight = tight_instance(30)  # two or three requests at once: the smallest room
+    assert decode_room(tight) == DECODE_ROOM and chunk_size(tight) == 2048 - DECODE_ROOM
+    inst = loose_conversation(300)
+    room = decode_room(inst)
+    assert 64 <= room <= 128 and chunk_size(inst) == 2048 - room  # about a hundred decode together
+    order = np.argsort(-np.array([r.output for r in inst.requests]), kind="stable")  # longest first
+
+    def span(profs):
+        return int((greedy_starts(profs, inst.system, order) + np.array([p.batches for p in profs])).max())
+
+    wide = profiles(inst)
+    for p in wide:
+        assert (p.tokens[:p.prefill_batches] <= 2048 - room).all()
+    # measured: 973 against 1,036 batches (a chunk leaving 16 tokens joins a batch only while at
+    # most 16 requests decode)
+    assert span(wide) < 0.97 * span(profiles(inst, chunk=2048 - DECODE_ROOM))
+    starts = greedy_starts(wide, inst.system, order)
+    validate(inst, packed_schedule(inst, wide, starts))

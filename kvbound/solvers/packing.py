@@ -32,7 +32,8 @@ from .backends import run_cpsat_process, stop_on_message
 
 #: decode batches charged together, at their largest KV (fewer intervals for CP-SAT)
 SEGMENT = 16
-#: tokens a prefill chunk leaves in its batch for other requests' decodes (where C allows it)
+#: the fewest tokens a prefill chunk leaves in its batch for other requests' decodes (where C allows
+#: it); `decode_room` leaves more where M holds more requests at once
 DECODE_ROOM = 16
 #: CP-SAT's search threads (its LNS workers do the improving)
 WORKERS = 8
@@ -92,17 +93,30 @@ def applies(instance: Instance, constraints: Constraints) -> bool:
             and constraints.max_batch_size is None and constraints.admission_order is None)
 
 
-def chunk_size(system: SystemConfig) -> int:
-    """Prefill chunk of a packed request: leaves DECODE_ROOM tokens for decodes where C is large."""
-    p = system.prefill_per_batch
-    room = DECODE_ROOM if system.max_batch_tokens - DECODE_ROOM >= 4 * DECODE_ROOM else 0
-    return max(1, min(p, system.max_batch_tokens - room))
+def decode_room(instance: Instance) -> int:
+    """Tokens a packed prefill chunk leaves for decodes: about as many requests as M holds at once
+    (their mean KV halfway through their decodes), at least DECODE_ROOM and at most half of C. With
+    M loose, 300 conversation requests decode about 96 at a time; chunks leaving 16 tokens let a
+    prefill join a batch only while at most 16 decode, and packed 1,025 batches in 40 s, against 942
+    leaving 96 (64: 982, 128: 947, 256: 961)."""
+    s = instance.system
+    if s.max_batch_tokens - DECODE_ROOM < 4 * DECODE_ROOM:
+        return 0  # C too small to spare: chunks as large as P allows
+    halfway = s.blocks(instance.prompts + np.array([r.output for r in instance.requests]) // 2)
+    together = min(len(instance), s.kv_capacity / max(1.0, float(np.mean(halfway))))
+    return int(min(max(DECODE_ROOM, math.ceil(together)), s.max_batch_tokens // 2))
 
 
-def profiles(instance: Instance) -> list[Profile]:
-    """Every request's `Profile`; the KV each batch holds comes from the semantics (the validator
-    replaying the request alone)."""
-    chunk = chunk_size(instance.system)
+def chunk_size(instance: Instance) -> int:
+    """Prefill chunk of a packed request: leaves `decode_room` tokens for decodes."""
+    s = instance.system
+    return max(1, min(s.prefill_per_batch, s.max_batch_tokens - decode_room(instance)))
+
+
+def profiles(instance: Instance, chunk: int | None = None) -> list[Profile]:
+    """Every request's `Profile` with prefill chunks of `chunk` tokens (default `chunk_size`); the KV
+    each batch holds comes from the semantics (the validator replaying the request alone)."""
+    chunk = chunk_size(instance) if chunk is None else chunk
     out = []
     for r in instance.requests:
         alone = Instance([type(r)(r.prompt, r.output, 0.0)], instance.system, instance.cost, "alone")
