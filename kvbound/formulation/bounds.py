@@ -101,13 +101,40 @@ def min_batches(instance: Instance) -> int:
     by_output = max(r.output for r in reqs)
     by_tokens = math.ceil(sum(r.peak_kv for r in reqs) / s.max_batch_tokens)
     by_prefill = math.ceil(sum(r.prompt for r in reqs) / s.max_prefill_tokens)
-    by_area = math.ceil(kv_items(instance)[0].sum() / kv_room(s) - 1e-9)
+    by_area = batches_to_hold(float(kv_items(instance)[0].sum()), ramp_capacities(instance), kv_room(s))
     return max(by_output, by_tokens, by_prefill, by_area, dff_batches(instance))
 
 
 def kv_room(system) -> int:
     """The most KV a batch can charge: M rounded down to whole blocks (each request's KV is)."""
     return system.kv_capacity // system.block_size * system.block_size
+
+
+def ramp_capacities(instance: Instance) -> np.ndarray:
+    """The most KV items (`kv_items`) batch t = 1, 2, ... can hold while the cache fills, up to the
+    first batch that can hold `kv_room` (docs/formulation.md, "The prefill ramp").
+
+    The batch generating a token holds I + q - 1 tokens, each processed in that batch or before, and
+    the first t batches process at most C t tokens, so the unrounded items of batch t sum to at most
+    C t; block rounding adds at most b - 1 per request generating there, and those are at most the
+    most requests whose prompts (the least each has processed) fit in C t together."""
+    s = instance.system
+    room, per_batch = kv_room(s), s.max_batch_tokens
+    t = np.arange(1, -(-room // per_batch) + 1, dtype=np.int64)
+    generating = np.searchsorted(np.cumsum(np.sort(instance.prompts.astype(np.int64))), per_batch * t, side="right")
+    return np.minimum(room, per_batch * t + (s.block_size - 1) * generating)
+
+
+def batches_to_hold(total: float, ramp: np.ndarray, full: float) -> int:
+    """The fewest batches whose capacities add up to `total` (a hair less passes: `total` may be a
+    floating-point sum with relative error ~1e-12): batch t holds ramp[t - 1] while the ramp lasts,
+    `full` after it."""
+    total *= 1 - 1e-9
+    filled = np.cumsum(ramp, dtype=float)
+    if len(filled) and total <= filled[-1]:
+        return int(np.searchsorted(filled, total - 1e-9)) + 1 if total > 1e-9 else 0
+    left = total - (filled[-1] if len(filled) else 0.0)
+    return len(filled) + max(0, math.ceil(left / full - 1e-9))
 
 
 #: the dual-feasible functions u^(k) tried, k = 1 .. this many

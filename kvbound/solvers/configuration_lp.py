@@ -11,7 +11,10 @@ over the configurations p (a_sp items of size s, together at most M). Column gen
 solves the LP over the configurations so far; its row duals y price a new one by a bounded knapsack
 (max y.a, s.a <= M, a <= d), solved exactly by dynamic programming. Whatever y >= 0 is, y / max(1,
 best knapsack value) is feasible for the dual of the full LP, so Farley's bound y.d / max(1, best)
-holds at every step: a run cut by its deadline still gives a certified bound.
+holds at every step: a run cut by its deadline still gives a certified bound. The first batches hold
+less than M while prefills fill the cache (`ramp_capacities`); with f(c) the knapsack's value at
+capacity c, any y >= 0 gives y.d <= sum over a schedule's batches of f(its capacity), which counts
+those batches at their own capacity (docs/formulation.md, "The prefill ramp").
 """
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..deadline import Deadline
-from ..formulation.bounds import kv_items
+from ..formulation.bounds import batches_to_hold, kv_items, ramp_capacities
 from ..workload import Instance
 from .backends import _stdout_to_stderr
 
@@ -68,14 +71,19 @@ def configuration_batches(instance: Instance, deadline: Deadline) -> Configurati
     for s in range(n):  # one size alone, as many as fit and exist: every item is covered from the start
         h.addCol(1.0, 0.0, inf, 1, np.array([s], dtype=np.int32), np.array([float(min(demand[s], capacity // sizes[s]))]))
     pieces = _binary_pieces(demand)
-    best_bound, columns, lp = 0.0, n, None
+    # the ramp's capacities in size units: the items' blocks sum to at most floor(tokens / b), their
+    # sizes (rounded down) to at most that over the unit
+    ramp = ramp_capacities(instance) // (block * unit)
+    batches, columns, lp = 0, n, None
     while True:
         h.run()
         if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
             break
         y = np.maximum(np.array(h.getSolution().row_dual), 0.0)
-        value, column = _knapsack(sizes, y, pieces, capacity)
-        best_bound = max(best_bound, float(y @ demand) / max(1.0, value))
+        value, column, by_capacity = _knapsack(sizes, y, pieces, capacity)
+        # y.d and the knapsack's sums are floating point (relative error ~1e-12): `batches_to_hold`
+        # counts a total a hair above a batch's worth as that batch
+        batches = max(batches, batches_to_hold(float(y @ demand), by_capacity[ramp], value))
         if value <= 1 + 1e-9:
             lp = float(h.getInfo().objective_function_value)
             break
@@ -84,9 +92,7 @@ def configuration_batches(instance: Instance, deadline: Deadline) -> Configurati
         nz = np.nonzero(column)[0]
         h.addCol(1.0, 0.0, inf, len(nz), nz.astype(np.int32), column[nz].astype(float))
         columns += 1
-    # y.d and the knapsack's sums are floating point (relative error ~1e-12): a value a hair above
-    # an integer counts as that integer
-    return ConfigurationBound(math.ceil(best_bound * (1 - 1e-9) - 1e-9), lp, columns, time.perf_counter() - t0, unit)
+    return ConfigurationBound(batches, lp, columns, time.perf_counter() - t0, unit)
 
 
 def _coarse_sizes(blocks: np.ndarray, capacity: int) -> tuple[int, int, np.ndarray, np.ndarray]:
@@ -120,8 +126,9 @@ def _binary_pieces(demand: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.array(index), np.array(copies)
 
 
-def _knapsack(sizes: np.ndarray, y: np.ndarray, pieces, capacity: int) -> tuple[float, np.ndarray]:
-    """max y.a over a <= demand with sizes.a <= capacity, exactly (0-1 DP over the pieces), and a."""
+def _knapsack(sizes: np.ndarray, y: np.ndarray, pieces, capacity: int) -> tuple[float, np.ndarray, np.ndarray]:
+    """max y.a over a <= demand with sizes.a <= capacity, exactly (0-1 DP over the pieces), a, and the
+    same maximum for every capacity 0..capacity."""
     index, copies = pieces
     keep = (y[index] > 0) & (sizes[index] * copies <= capacity)
     index, copies = index[keep], copies[keep]
@@ -138,4 +145,4 @@ def _knapsack(sizes: np.ndarray, y: np.ndarray, pieces, capacity: int) -> tuple[
         if taken[k, room]:
             column[index[k]] += copies[k]
             room -= int(sizes[index[k]] * copies[k])
-    return float(best[capacity]), column
+    return float(best[capacity]), column, best
