@@ -1,16 +1,19 @@
-"""Re-bound finished benchmark rows: the same best schedules against the library's current analytic bounds.
+"""Re-bound finished benchmark rows: the same best schedules against the library's current bounds.
 
-    python bench/real_rebound.py bench/results/real_srpt_mean.csv [...] --out bench/results/real_rebound.md
+    python bench/real_rebound.py                    # the runs in bench/results/real_runs.txt -> real_rebound.md
+    python bench/real_rebound.py A.csv B.csv --out F.md
 
 Where several CSVs hold the same case and objective, the row of the last one named counts (a
-later run of that point), so listing the runs oldest first gives the current figure per case; the
+later run of that point), so listing the runs oldest first gives the current figure per case
+(real_runs.txt lists every benchmark run of the suite that way; append a new run at its end); the
 output ends with the median and largest gap per objective, N and arrivals.
 
 A certified lower bound depends on the case alone, so a bound added after a benchmark ran applies
 to that run's schedules too: per row (case, objective) this recomputes `analytic_bounds` (the
-`kvbound bound` analytic rows) and reports the row's best schedule value, the bound it had
-(solver, Lagrangian or analytic), the larger of that and the current analytic bound, and the gap
-from each. Nothing is re-solved: the best value is the row's, produced and validated in its run.
+`kvbound bound` analytic rows) and, for total latency, the configuration LP's batch bound, and
+reports the row's best schedule value, the bound it had (solver, Lagrangian or analytic), the
+larger of that and the current bounds, and the gap from each. Nothing is re-solved: the best value
+is the row's, produced and validated in its run.
 """
 from __future__ import annotations
 
@@ -24,21 +27,31 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from kvbound import load_case  # noqa: E402
-from kvbound.formulation.bounds import analytic_bounds  # noqa: E402
+from kvbound.deadline import Deadline  # noqa: E402
+from kvbound.formulation.bounds import analytic_bounds, minimum_work  # noqa: E402
+from kvbound.solvers.configuration_lp import configuration_batches  # noqa: E402
 
 CASES = ROOT / "bench" / "cases_real"
+RESULTS = ROOT / "bench" / "results"
+RUNS = RESULTS / "real_runs.txt"
+#: the configuration LP's time per total-latency row (it converges in 0.1-12 s on the suite's cases)
+CONFIGURATION_SECONDS = 60.0
 
 
 def rebound(row: dict, cases: Path) -> dict:
     inst = load_case(cases / f"{row['case']}.toml")
-    bounds = analytic_bounds(inst, row["objective"])
-    top = max(bounds, key=lambda b: b.value)
+    bounds = [(b.value, b.name) for b in analytic_bounds(inst, row["objective"])]
+    if row["objective"] == "total_latency":  # the configuration LP's batch count (converges in seconds)
+        config = configuration_batches(inst, Deadline(CONFIGURATION_SECONDS))
+        bounds.append((config.batches * inst.cost.intercept + minimum_work(inst),
+                       f"configuration LP ({config.batches} batches)"))
+    top_value, top_name = max(bounds)
     best, old = float(row["best_value"]), float(row["lower_bound"])
-    new = max(old, top.value)
+    new = max(old, top_value)
     return {"case": row["case"], "run": row["run"], "objective": row["objective"], "limit s": row["time_limit_s"],
             "best (s)": f"{best:.6g}",
             "bound in run (s)": f"{old:.6g}", "gap in run": f"{_gap(best, old):.2%}",
-            "analytic now (s)": f"{top.value:.6g}", "binding now": top.name if top.value > old else row["binding_bound"],
+            "bound now (s)": f"{top_value:.6g}", "binding now": top_name if top_value > old else row["binding_bound"],
             "gap now": f"{_gap(best, new):.2%}"}
 
 
@@ -49,13 +62,22 @@ def _gap(best: float, bound: float) -> float:
     return 0.0 if abs(gap) < 1e-9 else gap
 
 
+def _shown(path: str) -> str:
+    """A run's path as the README names it: from the repository root where it lies inside."""
+    resolved = Path(path).resolve()
+    return str(resolved.relative_to(ROOT)) if resolved.is_relative_to(ROOT) else path
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("csv", nargs="+")
+    ap.add_argument("csv", nargs="*", help=f"runs, oldest first (default: those listed in {RUNS.relative_to(ROOT)})")
     ap.add_argument("--cases", default=str(CASES))
     ap.add_argument("--arrivals-only", action="store_true", help="only rows with real arrival times")
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out", default=str(RESULTS / "real_rebound.md"))
     args = ap.parse_args(argv)
+    if not args.csv:
+        args.csv = [str(RUNS.parent / line.strip()) for line in RUNS.read_text(encoding="utf-8").splitlines()
+                    if line.strip() and not line.startswith("#")]
     latest = {}
     for path in args.csv:
         for r in csv.DictReader(open(path, encoding="utf-8")):
@@ -66,7 +88,8 @@ def main(argv=None) -> int:
     if not out:
         ap.error("no finished rows")
     cols = list(out[0])
-    lines = [f"Re-bound of {', '.join(args.csv)} (`python bench/real_rebound.py`; no re-solve, see its docstring)", "",
+    shown = ", ".join(_shown(path) for path in args.csv)
+    lines = [f"Re-bound of {shown} (`python bench/real_rebound.py`; no re-solve, see its docstring)", "",
              "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in out]
     lines += ["", "| objective | N | arrivals | points | median gap now | max gap now |", "|---|---:|---|---:|---:|---:|"]
