@@ -117,12 +117,35 @@ def test_the_mean_objectives_do_not_compute_it(objective):
     assert "configuration_lp" not in res.stats
 
 
+# ------------------------------------------------------------------------------ the prefill's items
+
+def test_the_batches_of_a_prefill_hold_kv_items_too():
+    # 10 tokens prefilled at most 4 a batch (blocks of 2): before the batch generating its first token
+    # (10 held) its prefill batches held at least 6 and 2; a 3-token prompt needs no earlier batch
+    inst = Instance((Request(10, 3), Request(3, 2)), SystemConfig(64, 4, 4, 2), UNIT)
+    items, owner = kv_items(inst)
+    assert sorted(items[owner == 0]) == [2, 6, 10, 12, 12] and sorted(items[owner == 1]) == [4, 4]
+    first, first_owner = kv_items(inst, first_token=True)
+    assert sorted(first[first_owner == 0]) == [2, 6, 10]
+    # two 3-token prompts at most 2 a batch, M = 4, C = 3: without these items every count says 3
+    # batches; with them 4, the brute-force optimum
+    inst = Instance((Request(3, 1), Request(3, 2)), SystemConfig(4, 3, 2, 1), UNIT)
+    assert min_batches(inst) == 4
+    opt = brute_force(inst, "total_latency")
+    assert validate(inst, opt.schedule).metrics.batches == 4
+    assert configuration_batches(inst, Deadline(30)).batches <= 4
+
+
 # ------------------------------------------------------------------------------ the prefill ramp
 
 def test_ramp_capacities_on_a_case_worked_by_hand():
-    # C = 4, blocks of 2, prompts 3 and 5, M = 16: after t batches at most 4t tokens are cached; the
-    # prompt of 3 fits in 4 (one request can generate: +1 of rounding), both fit in 8 (+2)
+    # C = P = 4, blocks of 2, prompts 3 and 5, M = 16: after t batches at most 4t tokens are cached;
+    # the smallest items are 3 and 1 (the 5-token prompt's batch before its last holds 5 - 4), which
+    # fit in 4 together: both requests may hold an item from the first batch on (+1 of rounding each)
     inst = Instance((Request(3, 4), Request(5, 4)), SystemConfig(16, 4, 4, 2), UNIT)
+    assert list(ramp_capacities(inst)) == [6, 10, 14, 16]
+    # prompts 3 and 4: the smallest items are 3 and 4, only one fits in 4
+    inst = Instance((Request(3, 4), Request(4, 4)), SystemConfig(16, 4, 4, 2), UNIT)
     assert list(ramp_capacities(inst)) == [5, 10, 14, 16]
     assert list(ramp_capacities(items_instance((3, 5), 16, 2))) == [16]  # C = 64: full from the first batch
 

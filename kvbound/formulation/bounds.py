@@ -114,15 +114,16 @@ def ramp_capacities(instance: Instance) -> np.ndarray:
     """The most KV items (`kv_items`) batch t = 1, 2, ... can hold while the cache fills, up to the
     first batch that can hold `kv_room` (docs/formulation.md, "The prefill ramp").
 
-    The batch generating a token holds I + q - 1 tokens, each processed in that batch or before, and
-    the first t batches process at most C t tokens, so the unrounded items of batch t sum to at most
-    C t; block rounding adds at most b - 1 per request generating there, and those are at most the
-    most requests whose prompts (the least each has processed) fit in C t together."""
+    An item's tokens were each processed in its batch or before, and the first t batches process at
+    most C t tokens, so the unrounded items of batch t sum to at most C t; block rounding adds at
+    most b - 1 per request holding an item there, and those are at most the most requests whose
+    smallest items (the least each has processed) fit in C t together."""
     s = instance.system
     room, per_batch = kv_room(s), s.max_batch_tokens
     t = np.arange(1, -(-room // per_batch) + 1, dtype=np.int64)
-    generating = np.searchsorted(np.cumsum(np.sort(instance.prompts.astype(np.int64))), per_batch * t, side="right")
-    return np.minimum(room, per_batch * t + (s.block_size - 1) * generating)
+    least = (instance.prompts.astype(np.int64) - 1) % s.prefill_per_batch + 1  # each request's smallest item, unrounded
+    holding = np.searchsorted(np.cumsum(np.sort(least)), per_batch * t, side="right")
+    return np.minimum(room, per_batch * t + (s.block_size - 1) * holding)
 
 
 def batches_to_hold(total: float, ramp: np.ndarray, full: float) -> int:
@@ -142,14 +143,21 @@ DFF_FUNCTIONS = 64
 
 
 def kv_items(instance: Instance, first_token: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """(items, owner): the block-rounded KV I + q - 1 that the batch generating token q of a request
-    holds at least, one item per request and such batch (only q = 1 for first tokens), and the
-    request each item belongs to."""
+    """(items, owner): KV that a request holds at least in distinct batches of any schedule, block-rounded,
+    and the request each item belongs to. The batch generating its token q holds I + q - 1 (q = 1..O;
+    only q = 1 for first tokens); before the first, it holds I - j p in the j-th batch back of the
+    prefill that brings its KV to I (j = 1, 2, .. while positive; p = min(P, C), the most a batch
+    prefills or refills), whatever pauses or evictions came between (docs/formulation.md, "Bounds")."""
+    prompts = instance.prompts.astype(np.int64)
     count = np.ones(len(instance), dtype=np.int64) if first_token else instance.outputs.astype(np.int64)
     owner = np.repeat(np.arange(len(count)), count)
     q = np.arange(len(owner)) - np.repeat(np.cumsum(count) - count, count) + 1  # 1..O within each request
-    tokens = instance.prompts.astype(np.int64)[owner] + q - 1
-    return np.asarray(instance.system.blocks(tokens), dtype=np.int64), owner
+    p = instance.system.prefill_per_batch
+    chunks = -(-prompts // p) - 1  # batches of the prefill before its last
+    before = np.repeat(np.arange(len(count)), chunks)
+    j = np.arange(len(before)) - np.repeat(np.cumsum(chunks) - chunks, chunks) + 1  # 1..chunks within each request
+    tokens = np.r_[prompts[owner] + q - 1, prompts[before] - j * p]
+    return np.asarray(instance.system.blocks(tokens), dtype=np.int64), np.r_[owner, before]
 
 
 def kv_weights(instance: Instance, first_token: bool = False) -> np.ndarray:
