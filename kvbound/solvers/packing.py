@@ -102,7 +102,7 @@ def decode_room(instance: Instance) -> int:
     s = instance.system
     if s.max_batch_tokens - DECODE_ROOM < 4 * DECODE_ROOM:
         return 0  # C too small to spare: chunks as large as P allows
-    halfway = s.blocks(instance.prompts + np.array([r.output for r in instance.requests]) // 2)
+    halfway = s.blocks(instance.prompts + instance.outputs // 2)
     together = min(len(instance), s.kv_capacity / max(1.0, float(np.mean(halfway))))
     return int(min(max(DECODE_ROOM, math.ceil(together)), s.max_batch_tokens // 2))
 
