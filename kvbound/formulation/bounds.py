@@ -126,16 +126,16 @@ def ramp_capacities(instance: Instance) -> np.ndarray:
     return np.minimum(room, per_batch * t + (s.block_size - 1) * holding)
 
 
-def batches_to_hold(total: float, ramp: np.ndarray, full: float) -> int:
-    """The fewest batches whose capacities add up to `total` (a hair less passes: `total` may be a
-    floating-point sum with relative error ~1e-12): batch t holds ramp[t - 1] while the ramp lasts,
-    `full` after it."""
-    total *= 1 - 1e-9
+def batches_to_hold(total, ramp: np.ndarray, full: float):
+    """The fewest batches whose capacities add up to `total` (a number, or an array of them; a hair
+    less passes: `total` may be a floating-point sum with relative error ~1e-12): batch t holds
+    ramp[t - 1] while the ramp lasts (never empty), `full` after it."""
+    totals = np.asarray(total, dtype=float) * (1 - 1e-9)
     filled = np.cumsum(ramp, dtype=float)
-    if len(filled) and total <= filled[-1]:
-        return int(np.searchsorted(filled, total - 1e-9)) + 1 if total > 1e-9 else 0
-    left = total - (filled[-1] if len(filled) else 0.0)
-    return len(filled) + max(0, math.ceil(left / full - 1e-9))
+    within = np.searchsorted(filled, totals - 1e-9) + 1
+    beyond = len(filled) + np.maximum(0.0, np.ceil((totals - filled[-1]) / full - 1e-9)) if full > 0 else len(filled)
+    batches = np.where(totals <= 1e-9, 0, np.where(totals <= filled[-1], within, beyond)).astype(np.int64)
+    return int(batches) if batches.ndim == 0 else batches
 
 
 #: the dual-feasible functions u^(k) tried, k = 1 .. this many
@@ -387,7 +387,7 @@ def release_bound(instance: Instance) -> tuple[float, float]:
 
     None of them is processed before t, so the batches that process them all start at t or later:
     at least as many as those requests need on their own (longest output, tokens / C, prompts / P,
-    KV area / M, the dual-feasible weights of their KV items), each paying the intercept, plus their
+    KV area over the prefill ramp, the dual-feasible weights of their KV items), each paying the intercept, plus their
     minimal work. The makespan is at least t plus that, for every arrival time t; with t = 0 this is
     the offline batch bound, and it grows where a burst arrives late and the KV limit binds.
     """
@@ -404,7 +404,10 @@ def release_bound(instance: Instance) -> tuple[float, float]:
     by_tokens = np.ceil(suffix([r.peak_kv for r in reqs]) / s.max_batch_tokens)
     by_prefill = np.ceil(suffix([r.prompt for r in reqs]) / s.max_prefill_tokens)
     items, owner = kv_items(instance)
-    by_area = np.ceil(suffix(np.bincount(owner, items, len(reqs))) / kv_room(s) - 1e-9)
+    # their KV area over the prefill ramp: from t on, their items are what they have processed since
+    # (the ramp of all requests holds at least as much as theirs)
+    ramp, room = ramp_capacities(instance), kv_room(s)
+    by_area = batches_to_hold(suffix(np.bincount(owner, items, len(reqs))), ramp, room)
     batches = np.max(np.stack([by_output, by_tokens, by_prefill, by_area, by_dff]), axis=0)
     values = arrivals + batches * cost.intercept + suffix([request_minimum_work(r, cost) for r in reqs])
     first_of_time = np.r_[True, arrivals[1:] > arrivals[:-1]]  # requests arriving at t are all counted
