@@ -206,22 +206,72 @@ def test_auto_searches_until_the_time_limit_where_the_model_is_too_large(monkeyp
     assert res.stats["patterns_simulated"] >= 1
 
 
+def spaced(gap: float) -> Instance:
+    """The conv-like requests arriving `gap` seconds apart."""
+    base = conv_like()
+    return Instance(tuple(Request(r.prompt, r.output, gap * k) for k, r in enumerate(base.requests)), base.system,
+                    base.cost)
+
+
 def test_search_leaves_the_lagrangian_where_arrivals_make_it_useless():
-    # the conv-like requests arriving 50 ms apart: the Lagrangian (which sees no arrival times)
+    # the conv-like requests arriving 20 ms apart: the Lagrangian (which sees no arrival times)
     # prices every completion from 0, far below the analytic bound, so the search stops it after
     # its first pass (and never starts the completion master variant, whose first pass is the same
     # bound without batch sharing) and spends the time on schedules; no Lagrangian value is reported
-    base = conv_like()
-    inst = Instance(tuple(Request(r.prompt, r.output, 0.05 * k) for k, r in enumerate(base.requests)), base.system,
-                    base.cost)
+    inst = spaced(0.02)
     res = solve(inst, "mean_latency", time_limit=2.0, formulation="lagrangian")
     assert res.status == "feasible" and res.seconds >= 1.5
     first = LagrangianBound(inst, "mean_latency", 100).price(np.zeros(100)).value
     assert first < 0.5 * res.analytic_bound
     assert MasterBound.where_it_fits(inst, "mean_latency", 100) is not None  # it would fit
     assert res.stats["lagrangian_passes"] == 1 and res.stats["lagrangian_bound"] is None
+    assert "first pass was below half" in res.stats["lagrangian_note"]
     assert res.lower_bound == res.analytic_bound
     assert res.stats["patterns_simulated"] >= 8
+
+
+def test_search_skips_the_lagrangian_where_its_ceiling_is_below_the_analytic_bound():
+    # 50 ms apart: even the optimum with every arrival at 0, less the mean arrival, is below the
+    # analytic bound (the best schedule there bounds it), so no pass is made at all
+    from kvbound.objective import Objective
+    from kvbound.solvers.decompose import lagrangian_ceiling
+
+    inst = spaced(0.05)
+    res = solve(inst, "mean_latency", time_limit=2.0, formulation="lagrangian")
+    assert res.status == "feasible" and res.seconds >= 1.5
+    ceiling = lagrangian_ceiling(inst, Objective.parse("mean_latency"), res.schedule)
+    assert ceiling < res.analytic_bound
+    assert LagrangianBound(inst, "mean_latency", 100).price(np.zeros(100)).value <= ceiling
+    assert res.stats["lagrangian_passes"] == 0 and res.stats["lagrangian_bound"] is None
+    assert "sees every request from time 0" in res.stats["lagrangian_note"]
+    assert res.lower_bound == res.analytic_bound
+    assert res.stats["patterns_simulated"] >= 8
+    # all at once there is nothing to relax: no ceiling
+    assert lagrangian_ceiling(conv_like(), Objective.parse("mean_latency"), res.schedule) == math.inf
+
+
+@settings(max_examples=40, deadline=None)
+@given(inst=instances(min_requests=1, max_requests=3, max_prompt=4, max_output=3), objective=st.sampled_from(MEAN),
+       seed=st.integers(0, 2 ** 16), horizon=st.integers(1, 12))
+def test_lagrangian_bounds_stay_below_their_ceiling(inst, objective, seed, horizon):
+    # the ceiling the search compares with the analytic bound: every Lagrangian value (any
+    # multipliers, either variant) is at most it, with arrivals or without
+    from kvbound.objective import Objective
+    from kvbound.solvers.decompose import lagrangian_ceiling
+
+    start = simulate(inst, get_scheduler("srpt")).schedule
+    ceiling = lagrangian_ceiling(inst, Objective.parse(objective), start)
+    tol = 1e-9 * max(1.0, abs(ceiling)) if math.isfinite(ceiling) else 0.0
+    bound = LagrangianBound(inst, objective, horizon)
+    rng = np.random.default_rng(seed)
+    scale = inst.cost.intercept / max(1, inst.system.kv_capacity)
+    assert bound.price(np.zeros(horizon)).value <= ceiling + tol
+    assert bound.price(rng.exponential(scale, horizon)).value <= ceiling + tol
+    assert LagrangianBound(inst, objective, horizon).improve(Deadline(None), 10.0, max_passes=10)[0] <= ceiling + tol
+    master = MasterBound.where_it_fits(inst, objective, horizon)
+    if master is not None:
+        for k, (value, _, _) in zip(range(10), master.iterate(10.0)):
+            assert value <= ceiling + tol
 
 
 def test_bound_command_reports_the_lagrangian_bound_where_no_model_fits(monkeypatch):
@@ -310,13 +360,10 @@ def write_case(inst: Instance, path):
 
 
 def test_bound_json_says_null_where_the_lagrangian_kept_no_bound(cli, tmp_path):
-    # arrivals 50 ms apart (the search drops the Lagrangian) and total latency (it has none): the
+    # arrivals 50 ms apart (the search skips the Lagrangian) and total latency (it has none): the
     # row stays, its value is null (strict JSON: no Infinity) and the text output says why
-    base = conv_like()
-    inst = Instance(tuple(Request(r.prompt, r.output, 0.05 * k) for k, r in enumerate(base.requests)), base.system,
-                    base.cost)
-    case = write_case(inst, tmp_path / "arrivals.toml")
-    for objective, why in (("mean_latency", "first pass was below half"), ("total_latency", "none for total latency")):
+    case = write_case(spaced(0.05), tmp_path / "arrivals.toml")
+    for objective, why in (("mean_latency", "sees every request from time 0"), ("total_latency", "none for total latency")):
         rc, out, _ = cli("bound", str(case), "--objective", objective, "--formulation", "lagrangian",
                          "--time-limit", "2", "--json")
         assert rc == 0
