@@ -124,6 +124,9 @@ class LagrangianBound:
         self.pairwise = float(np.cumsum(np.sort(self.own_work)).sum())
         self.alpha = 1.0
         self.intercept, self.capacity, self.token_capacity, self.n = cost.intercept, s.kv_capacity, s.max_batch_tokens, n
+        # `_step`'s working arrays, one set reused by every batch
+        T = len(self.kv)
+        self._scratch = (np.empty(T - 1), np.empty(T - 1), np.empty(T - 1, dtype=bool))
 
     # ------------------------------------------------------------------ one pricing pass
 
@@ -169,28 +172,37 @@ class LagrangianBound:
         mj = float(mu[j - 1]) if j <= self.H else 0.0
         low = float(mu[cheapest[j - 1]]) if cheapest[j - 1] >= 0 else 0.0
         nu = self.nu[j - 1] * self.alpha
-        held = self.kv * lj
+        # the terms are summed in scratch arrays in a fixed order; a zero term (lam_j where M does
+        # not bind, mu_j, sharing) is left out, which changes no value (x + 0.0 is x)
+        moved, term, cheaper = self._scratch
+        held = self.kv * lj if lj else None
         # an eviction needs no batch of its own: an eviction-only batch costs nothing (no tokens)
         evict = R < E
         E = np.minimum(E, R)
-        Rn = R + held  # idle
+        Rn = R + held if lj else R.copy()  # idle
         choice = np.zeros(len(R), dtype=np.int8)
         # batch sharing (theta_j, sigma_j): a decode costs (1 - theta_j) nu_j w + 2 theta_j sigma_j sqrt(w)
         share, point = (self.sharing[j - 1], self.sharing_point[j - 1]) if j <= self.H else (0.0, 0.0)
         for code, before, work in ((1, R, self.decode_work), (2, E, self.refill_work)):
-            moved = before[:-1] + held[1:]
-            if code == 1:
-                moved += work[1:] * (nu * (1.0 - share)) + mj
-                if share:
-                    moved += self.decode_root[1:] * (2.0 * self.alpha * share * point)
+            if lj:
+                np.add(before[:-1], held[1:], out=moved)
             else:
-                moved += work[1:] * nu
+                np.copyto(moved, before[:-1])
+            if code == 1:
+                np.multiply(work[1:], nu * (1.0 - share), out=term)
+                if mj:
+                    term += mj
+                moved += term
+                if share:
+                    moved += np.multiply(self.decode_root[1:], 2.0 * self.alpha * share * point, out=term)
+            else:
+                moved += np.multiply(work[1:], nu, out=term)
                 if low:
-                    moved += self.refill_tokens[1:] * low
+                    moved += np.multiply(self.refill_tokens[1:], low, out=term)
                 moved[self.start[j < self.first_prefill]] = np.inf  # a first prefill needs its batches
-            cheaper = moved < Rn[1:]
-            Rn[1:][cheaper] = moved[cheaper]
-            choice[1:][cheaper] = code
+            np.less(moved, Rn[1:], out=cheaper)
+            np.copyto(Rn[1:], moved, where=cheaper)
+            np.copyto(choice[1:], code, where=cheaper)
         Rn[self.start] = np.inf
         if best is not None:
             finish = Rn[self.last] + self.finish_price[j]
