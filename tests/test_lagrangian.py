@@ -270,7 +270,7 @@ def test_lagrangian_bounds_stay_below_their_ceiling(inst, objective, seed, horiz
     assert LagrangianBound(inst, objective, horizon).improve(Deadline(None), 10.0, max_passes=10)[0] <= ceiling + tol
     master = MasterBound.where_it_fits(inst, objective, horizon)
     if master is not None:
-        for k, (value, _, _) in zip(range(10), master.iterate(10.0)):
+        for _, (value, _, _) in zip(range(10), master.iterate(10.0)):
             assert value <= ceiling + tol
 
 

@@ -5,7 +5,8 @@ completion master" and "The admission-pattern search"):
 * for mean latency and mean TTFT, a subgradient pass of the Lagrangian bound
   (`formulation.lagrangian`) or of its variant with the completion master
   (`formulation.completion_master`) once the first one's bound stalls; every pass's value is a
-  certified bound;
+  certified bound (none is made where the bound's ceiling is below the analytic bound:
+  `lagrangian_ceiling`);
 * schedules from admission patterns (an order, and a batch before which each request is not
   admitted): the best schedule's own pattern, the Lagrangian trajectories' (the Lagrangian
   heuristic), then random moves of one request in the best pattern so far, each simulated by an
