@@ -231,16 +231,19 @@ def solve(instance: Instance, objective: str = "total_latency", backend: str = "
 
 
 def solve_with(instance: Instance, options: SolveOptions, deadline: Deadline | None = None,
-               analytic: float | None = None) -> Result:
+               analytic: float | None = None, model_deadline: Deadline | None = None) -> Result:
     """Best schedule and lower bound for `options.objective`; see the module docstring.
 
     `options.warm_start` names heuristics (the best valid one seeds the solver), or None.
     `options.horizon` overrides the batch count J; the bound is then certified only if J is at
     least the derived one. `deadline` (default: `options.time_limit` from now) bounds the whole call.
     `analytic`: the largest of `analytic_bounds(instance, options.objective)` where the caller has
-    it already (computed here otherwise).
+    it already (computed here otherwise). `model_deadline` (earlier than `deadline`): where the
+    heuristics' share and a model's solve end, for a caller that runs more after a model
+    (`lower_bounds`: the LP relaxation); the search, after which nothing runs, uses all of `deadline`.
     """
     deadline = deadline if deadline is not None else Deadline(options.time_limit)
+    budget = model_deadline if model_deadline is not None else deadline
     objective = options.objective
     backend = _lookup(BACKENDS, options.backend, "solver")
     if options.formulation not in ("auto", SEARCH):
@@ -250,7 +253,7 @@ def solve_with(instance: Instance, options: SolveOptions, deadline: Deadline | N
     progress.report(phase="heuristics", analytic=analytic)
     # the heuristics get half of the time at most: the solver needs the rest
     cands = heuristic_candidates(instance, list(options.warm_start or ()), options.constraints,
-                                 deadline.share(HEURISTIC_SHARE), deadline)
+                                 budget.share(HEURISTIC_SHARE), budget)
     best = min(cands, key=lambda c: objective.of(c.metrics)) if cands else None
     # the horizon comes from the best schedule of all candidates (they meet the constraints)
     ub = objective.of(best.metrics) if best else None
@@ -258,7 +261,7 @@ def solve_with(instance: Instance, options: SolveOptions, deadline: Deadline | N
     trajectory = Trajectory(deadline)
     trajectory.record(best=ub, bound=analytic)
     kind = _pick_formulation(instance, options, ub)
-    if best is None and deadline.expired():  # stopped before any schedule: the analytic bound stands
+    if best is None and budget.expired():  # stopped before any schedule: the analytic bound stands
         return _stopped_result(instance, options, backend, kind, analytic, deadline)
     plan = _plan(instance, options, backend, kind, best)
     cap = options.constraints.objective_cap
@@ -275,7 +278,7 @@ def solve_with(instance: Instance, options: SolveOptions, deadline: Deadline | N
         # no solver could take it here: the best heuristic schedule and the analytic bounds stand
         attempt = _Attempt.without_model(skipped=f"the {kind.name} model would have ~{plan.size:,} variables (limit {MODEL_LIMIT:,})")
     else:
-        attempt = _solve_model(instance, options, backend, plan, best, deadline)
+        attempt = _solve_model(instance, options, backend, plan, best, budget)
     with interrupt.deferred():  # what is known is reported, whatever comes now
         # the Lagrangian bound holds at any horizon, as the analytic ones do
         result = _result(instance, options, backend, plan, attempt, cands, max(analytic, attempt.lagrangian), deadline)

@@ -40,10 +40,11 @@ def lp_bound(instance: Instance, objective: str, upper_bound: float, time_limit:
 def lower_bounds(instance: Instance, options: SolveOptions, deadline: Deadline | None = None) -> tuple[list[Bound], Result]:
     """Every lower bound kvbound has, cheapest first: the analytic ones, the LP relaxation of the
     Big-M model and the MILP dual bound; and the solve that gave the MILP bound (and the upper bound
-    the LP's horizon needs). The MILP gets half of the time, the LP what is left."""
+    the LP's horizon needs). The MILP gets half of the time, the LP what is left; where no model
+    fits, the search (its Lagrangian bound) gets it all."""
     deadline = deadline if deadline is not None else Deadline(options.time_limit)
     bounds = list(analytic_bounds(instance, options.objective))
-    res = solve_with(instance, options, deadline.share(0.5), analytic=max(b.value for b in bounds))
+    res = solve_with(instance, options, deadline, analytic=max(b.value for b in bounds), model_deadline=deadline.share(0.5))
     if "search" in res.stats:  # no model fitted: the search's Lagrangian bound stands for the MILP's
         value, passes = res.stats.get("lagrangian_bound"), res.stats["lagrangian_passes"]
         variant = res.stats.get("lagrangian_variant")
