@@ -189,24 +189,22 @@ def search(instance: Instance, objective: Objective, constraints: Constraints, s
 
     tracks: list[_Track] = []
     why_none = "none for total latency" if not objective.is_mean else "none: no pass finished in time"
-    ceiling = math.inf
     if objective.is_mean:
         try:
             with deadline.enforced():  # a replay: under a second on 1,000 requests
                 ceiling = lagrangian_ceiling(instance, objective, start)
         except Stopped:
             ceiling = -math.inf  # no time left (or interrupted): no pass could run either
-    if ceiling <= known_bound:
-        if math.isfinite(ceiling):
+        if ceiling > known_bound:
+            horizon = max(1, int(1.1 * len(start.batches)))
+            lagrangian = LagrangianBound(instance, objective, horizon)
+            tracks.append(_Track("batch sharing", lagrangian, lagrangian.iterate(start_value)))
+            master = MasterBound.where_it_fits(instance, objective, horizon)
+            if master is not None:
+                tracks.append(_Track("completion master", master, master.iterate(start_value)))
+        elif math.isfinite(ceiling):
             why_none = (f"none: it sees every request from time 0, so it stays below {ceiling:.6g} s (the best "
                         "schedule with every arrival at 0, less the mean arrival), under the analytic bound")
-    elif objective.is_mean:
-        horizon = max(1, int(1.1 * len(start.batches)))
-        lagrangian = LagrangianBound(instance, objective, horizon)
-        tracks.append(_Track("batch sharing", lagrangian, lagrangian.iterate(start_value)))
-        master = MasterBound.where_it_fits(instance, objective, horizon)
-        if master is not None:
-            tracks.append(_Track("completion master", master, master.iterate(start_value)))
     n_pass, best_track, all_tracks, turns = 0, None, list(tracks), _Turns(deadline)
     packing_stats = configuration_stats = None
     fewest_batches = 0  # a lower bound on every schedule's batches, once the configuration LP has one
