@@ -60,6 +60,47 @@ def test_lagrangian_bound_never_exceeds_the_brute_force_optimum(inst, objective,
     assert value <= opt * (1 + 1e-9) + 1e-12
 
 
+@settings(max_examples=80, deadline=None)
+@given(inst=instances(min_requests=1, max_requests=4, max_prompt=6, max_output=5), objective=st.sampled_from(MEAN),
+       seed=st.integers(0, 2 ** 16), horizon=st.integers(1, 8), alpha=st.sampled_from((1.0, 0.5, 0.0)))
+def test_finishing_in_closed_form_prices_as_stepping_on(inst, objective, seed, horizon, alpha):
+    # after the last batch with a count, multiplier or sharing term the DP finishes every trajectory
+    # in closed form; stepping through every batch instead must give the same pricing
+    rng = np.random.default_rng(seed)
+    # large KV prices too, where trajectories leave the cache before the horizon and come back after it
+    lam = rng.exponential(inst.cost.intercept / inst.system.kv_capacity, horizon) * rng.choice([1.0, 10.0, 100.0])
+    mu = rng.exponential(inst.cost.intercept / inst.system.max_batch_tokens, horizon) * rng.integers(0, 2)
+    sharing = rng.uniform(0.0, 1.0, horizon) * (rng.uniform(size=horizon) < 0.5)
+    point = rng.exponential(len(inst) * math.sqrt(inst.cost.intercept), horizon)
+    pricings = []
+    for stepped in ("closed form", "every batch"):
+        bound = LagrangianBound(inst, objective, horizon)
+        bound.alpha, bound.sharing, bound.sharing_point = alpha, sharing, point
+        if stepped == "every batch":
+            bound.stepped = bound.steps
+        pricings.append(bound.price(lam, mu))
+    closed, stepped = pricings
+    assert closed.value == pytest.approx(stepped.value, rel=1e-12, abs=1e-15)
+    assert closed.completion.tolist() == stepped.completion.tolist()
+    assert closed.start.tolist() == stepped.start.tolist()
+    for field in ("usage", "tokens", "decode_root", "decode_work", "prefill_work"):
+        assert getattr(closed, field) == pytest.approx(getattr(stepped, field), rel=1e-12, abs=1e-15)
+
+
+def test_finishing_in_closed_form_is_reached_after_the_horizon():
+    # the case below finishes its second request in batch 8, after the one batch stepped: the
+    # closed form must be what prices it (and its start batch is found walking back from there)
+    cost = CostModel(intercept=1.0, per_token=0.25, decode_kv=0.125, prefill_attention=0.0625, prefill_kv=0.5,
+                     per_prefill_request=0.75)
+    inst = Instance((Request(1, 4), Request(3, 4)), SystemConfig(6, 3, 3, 1), cost)
+    bound = LagrangianBound(inst, "mean_latency", 1)
+    assert bound.stepped < 8 < bound.steps
+    pricing = bound.price(np.zeros(1))
+    bound.stepped = bound.steps
+    assert pricing.value == pytest.approx(bound.price(np.zeros(1)).value, rel=1e-12)
+    assert (pricing.start >= 1).all() and (pricing.start <= pricing.completion).all()
+
+
 def test_lagrangian_bound_lets_a_request_finish_after_the_horizon():
     # the second request's cheapest trajectory waits for the first to finish (nu drops to 1) and
     # completes in batch 8; with H = 1 the DP once stopped at batch 7 and priced both as finishing

@@ -103,8 +103,10 @@ class LagrangianBound:
                                   (prompt + out - 1).astype(float))
         # after batch `flat` no count, multiplier or sharing term is left (nu = 1, lam = mu = 0), so a
         # trajectory done from there as early as it can is a cheapest one: it completes by flat + its
-        # own batches, and the DP needs no more steps (fewer would cut off cheaper trajectories)
+        # own batches (`steps`). The DP steps through `stepped` batches (flat, or a first prefill's
+        # batches if more) and finishes every trajectory from there in closed form (`_finish_after`)
         flat = max(self.H, len(nu))
+        self.stepped = max(flat, int(self.first_prefill.max()))
         self.steps = flat + int((self.first_prefill + out).max()) + 1
         self.nu = np.r_[nu, np.ones(self.steps - len(nu))]
         # what a trajectory completing in batch j pays for being unfinished in batches 1..j: j intercepts
@@ -135,8 +137,9 @@ class LagrangianBound:
         on the token limit C of batches 1..H (each length H, >= 0; no `mu`: 0)."""
         mu = np.zeros(self.H) if mu is None else mu
         T = len(self.kv)
-        segment = max(1, min(self.steps, CHOICE_BYTES // (2 * T)))
-        keep = segment >= self.steps  # every choice fits: the backward pass need not recompute
+        stepped = self.stepped
+        segment = max(1, min(stepped, CHOICE_BYTES // (2 * T)))
+        keep = segment >= stepped  # every choice fits: the backward pass need not recompute
         checkpoints, kept = {}, []
         R = np.full(T, np.inf)
         E = np.full(T, np.inf)
@@ -144,19 +147,61 @@ class LagrangianBound:
         best = np.full(self.n, np.inf)
         done_at = np.zeros(self.n, dtype=np.int64)
         cheapest = _running_argmin(mu, self.steps)
-        for j in range(1, self.steps + 1):
+        for j in range(1, stepped + 1):
             if (j - 1) % segment == 0:
                 checkpoints[j] = (R, E)
             R, E, choice, evict = self._step(j, lam, mu, cheapest, R, E, best, done_at)
             if keep:
                 kept.append((choice, evict))
+        ends = self._finish_after(R, E, best, done_at)
         value = (best.sum() - self.capacity * float(lam.sum()) - self.token_capacity * float(mu.sum())
                  + (1.0 - self.alpha) * self.pairwise
                  - self.alpha * float(self.sharing @ self.sharing_point ** 2)
                  - self.arrival_sum) / self.n
         usage, tokens, start, root, decoded, prefilled = self._backtrack(lam, mu, cheapest, checkpoints, segment,
-                                                                         done_at, kept if keep else None)
+                                                                         done_at, ends, kept if keep else None)
         return Pricing(value, usage, done_at, start, tokens, root, decoded, prefilled)
+
+    def _finish_after(self, R, E, best, done_at) -> tuple[np.ndarray, np.ndarray]:
+        """Finish every trajectory after batch J = `stepped` in closed form, as stepping on to `steps`
+        would (tests compare the two), and update `best` and `done_at` where that is cheaper.
+
+        After J nothing is priced but the nu = 1 weighted work (lam = mu = 0, no batch sharing, a
+        refill's tokens free) and the finish price, which grows by the intercept a batch: a pause only
+        finishes later, so the cheapest way on from any state generates one token a batch, each by a
+        decode or, after an eviction (free), a refill, whichever works less; from an evicted state the
+        first by a refill. Returns, per request, the state (index) it is in after batch J on its
+        cheapest trajectory and whether it is resident there (-1 and True where it finished by J)."""
+        J, a = self.stepped, self.alpha
+        k = np.arange(len(self.kv)) - np.repeat(self.start, self.last - self.start + 1)
+        # c[s]: the least work of reaching state s from s - 1 (a first token only by the prefill)
+        c = a * np.where(k >= 2, np.minimum(self.decode_work, self.refill_work), self.refill_work)
+        c[self.start] = 0.0
+        running = np.cumsum(c)
+        last_of = np.repeat(self.last, self.last - self.start + 1)
+        after = running[last_of] - running  # the least work of the tokens after state s
+        batches_left = (last_of - np.arange(len(c))).astype(float)
+        tail = self.finish_price[J] + self.intercept * batches_left
+        from_resident = R + after + tail
+        from_evicted = np.full_like(E, np.inf)  # the next token by a refill (its work is c's refill share)
+        refill_next = a * self.refill_work[1:] + after[1:]
+        from_evicted[:-1] = E[:-1] + refill_next + tail[:-1]
+        from_resident[self.last] = from_evicted[self.last] = np.inf  # done by J: already in `best`
+        cost = np.minimum(from_resident, from_evicted)
+        cheapest = np.minimum.reduceat(cost, self.start)
+        better = cheapest < best
+        state = np.full(self.n, -1, dtype=np.int64)
+        resident = np.ones(self.n, dtype=bool)
+        if better.any():
+            owner = np.repeat(np.arange(self.n), self.last - self.start + 1)
+            hit = np.flatnonzero((cost == cheapest[owner]) & better[owner])
+            first = hit[np.r_[True, owner[hit][1:] != owner[hit][:-1]]]  # each request's first cheapest state
+            r = owner[first]
+            state[r] = first
+            resident[r] = from_resident[first] <= from_evicted[first]
+            best[r] = cheapest[r]
+            done_at[r] = J + (self.last[r] - first)
+        return state, resident
 
     def _priced_at(self, alpha: float, lam, mu) -> Pricing:
         self.alpha = alpha
@@ -212,19 +257,23 @@ class LagrangianBound:
         Rn[self.last] = np.inf
         return Rn, E, choice, evict
 
-    def _backtrack(self, lam, mu, cheapest, checkpoints, segment, done_at, kept=None):
+    def _backtrack(self, lam, mu, cheapest, checkpoints, segment, done_at, ends, kept=None):
         """KV per batch 1..H of every request's cheapest trajectory, and its start batch (the
-        choices `kept` from the forward pass, else recomputed segment by segment from checkpoints)."""
+        choices `kept` from the forward pass, else recomputed segment by segment from checkpoints),
+        walking back from each request's state after the last batch stepped (`ends`)."""
         usage = np.zeros(self.H)
         tokens = np.zeros(self.H)
         root, decoded, prefilled = np.zeros(self.H), np.zeros(self.H), np.zeros(self.H)
-        start = np.zeros(self.n, dtype=np.int64)
-        pos = self.last.copy()
-        resident = np.ones(self.n, dtype=bool)
+        state, resident = ends
+        after = state >= 0  # finishing after the last batch stepped, from this state
+        pos = np.where(after, state, self.last)
+        resident = resident.copy()
+        # a first prefill completing after it: in the batch after
+        start = np.where(after & (state == self.start), self.stepped + 1, 0).astype(np.int64)
         alive = np.ones(self.n, dtype=bool)
         for first in sorted(checkpoints, reverse=True):
             R, E = checkpoints[first]
-            end = min(first + segment, self.steps + 1)
+            end = min(first + segment, self.stepped + 1)
             if kept is not None:
                 choices = kept
             else:
