@@ -101,8 +101,9 @@ def min_batches(instance: Instance) -> int:
     by_output = max(r.output for r in reqs)
     by_tokens = math.ceil(sum(r.peak_kv for r in reqs) / s.max_batch_tokens)
     by_prefill = math.ceil(sum(r.prompt for r in reqs) / s.max_prefill_tokens)
-    by_area = batches_to_hold(float(kv_items(instance)[0].sum()), ramp_capacities(instance), kv_room(s))
-    return max(by_output, by_tokens, by_prefill, by_area, dff_batches(instance))
+    items = kv_items(instance)
+    by_area = batches_to_hold(float(items[0].sum()), ramp_capacities(instance), kv_room(s))
+    return max(by_output, by_tokens, by_prefill, by_area, dff_batches(instance, items))
 
 
 def kv_room(system) -> int:
@@ -160,19 +161,20 @@ def kv_items(instance: Instance, first_token: bool = False) -> tuple[np.ndarray,
     return np.asarray(instance.system.blocks(tokens), dtype=np.int64), np.r_[owner, before]
 
 
-def kv_weights(instance: Instance, first_token: bool = False) -> np.ndarray:
+def kv_weights(instance: Instance, first_token: bool = False, items=None) -> np.ndarray:
     """Per request (rows) the weights of its KV items (`kv_items`) under each dual-feasible function
-    u^(k), k = 1..DFF_FUNCTIONS (columns): whatever shares one batch weighs at most 1 in every column."""
-    items, owner = kv_items(instance, first_token)
+    u^(k), k = 1..DFF_FUNCTIONS (columns): whatever shares one batch weighs at most 1 in every column.
+    `items`: `kv_items`' answer where the caller has it already."""
+    items, owner = items if items is not None else kv_items(instance, first_token)
     M, n = instance.system.kv_capacity, len(instance)
     return np.stack([np.bincount(owner, dual_feasible_weights(items, M, k), n) for k in range(1, DFF_FUNCTIONS + 1)],
                     axis=1)
 
 
-def dff_batches(instance: Instance) -> int:
-    """Batches needed by the KV items (`kv_items`; one per request and batch): max over k of
-    sum u^(k)(item / M), rounded up."""
-    return math.ceil(kv_weights(instance).sum(axis=0).max() - 1e-9)
+def dff_batches(instance: Instance, items=None) -> int:
+    """Batches needed by the KV items (`kv_items`, or `items` where the caller has them; one per
+    request and batch): max over k of sum u^(k)(item / M), rounded up."""
+    return math.ceil(kv_weights(instance, items=items).sum(axis=0).max() - 1e-9)
 
 
 def analytic_bounds(instance: Instance, objective: str) -> list[Bound]:
@@ -283,7 +285,7 @@ def _shares(instance: Instance, first_token: bool):
         capacity_tokens = s.max_batch_tokens
         work = np.array([request_minimum_work(r, cost) for r in reqs])
     items, owner = kv_items(instance, first_token)
-    kv_shares = [np.bincount(owner, items / kv_room(s), len(reqs)), *kv_weights(instance, first_token).T]
+    kv_shares = [np.bincount(owner, items / kv_room(s), len(reqs)), *kv_weights(instance, first_token, (items, owner)).T]
     return kv_shares, work, tokens, capacity_tokens
 
 
@@ -399,11 +401,11 @@ def release_bound(instance: Instance) -> tuple[float, float]:
     def suffix(values) -> np.ndarray:  # sums over the requests from each position of `order` on
         return np.cumsum(np.asarray(values, dtype=float)[order][::-1], axis=0)[::-1]
 
-    by_dff = np.ceil(suffix(kv_weights(instance)).max(axis=1) - 1e-9)
+    items, owner = kv_items(instance)
+    by_dff = np.ceil(suffix(kv_weights(instance, items=(items, owner))).max(axis=1) - 1e-9)
     by_output = np.maximum.accumulate(np.array([r.output for r in reqs])[order][::-1])[::-1]
     by_tokens = np.ceil(suffix([r.peak_kv for r in reqs]) / s.max_batch_tokens)
     by_prefill = np.ceil(suffix([r.prompt for r in reqs]) / s.max_prefill_tokens)
-    items, owner = kv_items(instance)
     # their KV area over the prefill ramp: from t on, their items are what they have processed since
     # (the ramp of all requests holds at least as much as theirs)
     ramp, room = ramp_capacities(instance), kv_room(s)
