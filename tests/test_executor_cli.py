@@ -169,6 +169,27 @@ def test_replay_json_contract(cli, tmp_path, schedule_file):
 
 
 @needs_torch
+def test_no_graphs_reaches_the_executor(cli, tmp_path, schedule_file, monkeypatch):
+    # on CUDA decode-only batches replay captured graphs unless --no-graphs; profile and replay both pass it on
+    from kvbound.engine_bridge.executor import Executor
+    build, seen = Executor.build.__func__, []
+
+    def spy(cls, *args, **kwargs):
+        seen.append(kwargs.get("graphs"))
+        return build(cls, *args, **kwargs)
+
+    monkeypatch.setattr(Executor, "build", classmethod(spy))
+    for extra in ((), ("--no-graphs",)):
+        rc, _, err = cli("replay", REPO / "cases" / "evict_better.toml", schedule_file, "--device", "cpu", "--shape",
+                         "tiny", *FAST, "--json", *extra)
+        assert rc == 0, err
+        rc, _, err = cli("profile", "--device", "cpu", "--shape", "tiny", *FAST, "--points", "2", "--out",
+                         tmp_path / "p.csv", *extra)
+        assert rc == 0, err
+    assert seen == [None, None, False, False]
+
+
+@needs_torch
 def test_replay_uses_the_cost_file(cli, tmp_path, schedule_file):
     (tmp_path / "cost.toml").write_text("# from calibrate\n[cost]\nintercept = 0.5\nper_token = 0.25\n")
     rc, out, err = cli("replay", REPO / "cases" / "evict_better.toml", schedule_file, *FAST, "--cost",

@@ -78,6 +78,9 @@ def _executor_options(p, *, shape_required: bool) -> None:
                    help="CPU threads for torch (default 1: steady timings on a shared machine; use the same "
                         "number to profile and to replay)")
     p.add_argument("--seed", type=seed, default=0, help="seed of the weights and token ids (0 to 2^32 - 1)")
+    p.add_argument("--no-graphs", action="store_true",
+                   help="run decode-only batches eagerly too (on cuda they replay captured CUDA graphs by default); "
+                        "use the same setting to profile and to replay")
 
 
 def _torch(device: str):
@@ -112,7 +115,8 @@ def cmd_profile(args) -> int:
         raise InputError(str(out), "", "its folder does not exist")
     executor = Executor.build(shape, device=args.device, max_tokens=max(p.kv_tokens for p in points),
                               max_sequences=max(p.prefill_requests + p.decode_requests for p in points),
-                              max_seq_len=max(p.max_seq_len for p in points), seed=args.seed)
+                              max_seq_len=max(p.max_seq_len for p in points), seed=args.seed,
+                              graphs=False if args.no_graphs else None)
     executor.warm_up()
     rows = run_profile(executor, points, repeat=args.repeat, seed=args.seed)
     write_profile_csv(out, rows)
@@ -213,7 +217,8 @@ def cmd_replay(args) -> int:
     from ..engine_bridge.executor import Executor
 
     torch.set_num_threads(args.threads)
-    executor = Executor.for_instance(instance, shape, device=args.device, seed=args.seed)
+    executor = Executor.for_instance(instance, shape, device=args.device, seed=args.seed,
+                                     graphs=False if args.no_graphs else None)
     executor.warm_up()
     from tqdm import tqdm
     with tqdm(total=args.repeat * len(schedule.batches), desc="replay", unit="batch", disable=None) as bar:

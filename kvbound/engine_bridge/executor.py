@@ -80,7 +80,7 @@ class Executor:
 
     @classmethod
     def for_instance(cls, instance: Instance, shape: ModelShape, *, device: str = "cpu", kernels: str | None = None,
-                     seed: int = 0) -> "Executor":
+                     graphs: bool | None = None, seed: int = 0) -> "Executor":
         """Sized for any valid schedule of `instance`: at most M KV tokens at once (the M rule),
         KV blocks of the case's block size (or DEFAULT_BLOCK_SIZE where that is 1)."""
         system = instance.system
@@ -88,7 +88,7 @@ class Executor:
                          max_tokens=system.kv_capacity, max_sequences=len(instance.requests),
                          max_seq_len=max(r.prompt + r.output - 1 for r in instance.requests),
                          max_batch_tokens=min(system.max_batch_tokens, system.kv_capacity), kernels=kernels,
-                         seed=seed)
+                         graphs=graphs, seed=seed)
 
     # ------------------------------------------------------------------ one batch
 
