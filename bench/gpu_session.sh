@@ -10,6 +10,7 @@
 # executor and kernel tests on CUDA. Everything lands in $OUT (default bench/results/gpu/): log.txt,
 # step.md, kernels.md, profile.csv, cost.toml, replays.jsonl (one `kvbound replay --json` object per
 # schedule, with its name) and tests.txt. A failing step is logged and the next one runs.
+# SKIP="decode-step kernels tests" leaves those steps out; FLAGS="--no-graphs" goes to profile and replay.
 set -u
 cases=()
 budget=500
@@ -31,6 +32,10 @@ left() { echo $((budget - ($(date +%s) - start))); }
 step() {  # step NAME LIMIT COMMAND...: run COMMAND for at most min(LIMIT, time left)
     local name=$1 limit=$2
     shift 2
+    if [[ " ${SKIP:-} " == *" $name "* ]]; then
+        echo "=== $name: skipped (SKIP)" | tee -a "$log"
+        return 1
+    fi
     local avail
     avail=$(left)
     ((avail < limit)) && limit=$avail
@@ -48,11 +53,11 @@ step() {  # step NAME LIMIT COMMAND...: run COMMAND for at most min(LIMIT, time 
 step environment 30 bash -c "nvidia-smi; $PY -c 'import torch, triton, numpy, scipy; print(torch.__version__, triton.__version__, numpy.__version__, scipy.__version__, torch.cuda.get_device_name())'"
 step decode-step 100 $PY bench/bench_step.py && cp bench/results/step.md "$OUT/"
 step kernels 60 $PY bench/bench_kernels.py && cp bench/results/kernels.md "$OUT/"
-step profile 120 $PY -m kvbound.cli profile --device $DEVICE --shape $SHAPE --repeat 3 --out "$OUT/profile.csv"
+step profile 120 $PY -m kvbound.cli profile --device $DEVICE --shape $SHAPE --repeat 3 ${FLAGS:-} --out "$OUT/profile.csv"
 step calibrate 30 $PY -m kvbound.cli calibrate "$OUT/profile.csv" --out "$OUT/cost.toml"
 for schedule in "${schedules[@]}"; do
     name=$(basename "$schedule" .json)
-    if step "replay $name" 80 bash -c "$PY -m kvbound.cli replay '$case_file' '$schedule' --device $DEVICE --shape $SHAPE --repeat 3 --cost '$OUT/cost.toml' --json > '$OUT/replay_$name.tmp'"; then
+    if step "replay $name" 80 bash -c "$PY -m kvbound.cli replay '$case_file' '$schedule' --device $DEVICE --shape $SHAPE --repeat 3 ${FLAGS:-} --cost '$OUT/cost.toml' --json > '$OUT/replay_$name.tmp'"; then
         $PY -c "import json, sys; d = json.load(open(sys.argv[1])); d['schedule'] = sys.argv[2]; print(json.dumps(d))" \
             "$OUT/replay_$name.tmp" "$name" >>"$OUT/replays.jsonl"
         $PY -c "import json, sys; d = json.load(open(sys.argv[1])); print({k: d[k] for k in list(d)[:8]})" \

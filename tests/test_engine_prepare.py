@@ -153,11 +153,13 @@ def test_cpu_runs_eagerly_and_graphs_need_cuda_and_triton():
         _executor(graphs=True)
 
 
-def test_split_count_fills_the_gpu_only_when_few_programs():
+def test_split_count_bounds_the_longest_program_and_fills_the_gpu():
     assert decode_split_count(4, 32, 8192, 0) == 1  # not a GPU
-    assert decode_split_count(8, 32, 8192, 132) == 1  # 256 programs fill 132 multiprocessors
-    assert decode_split_count(1, 32, 1024, 132) == 4  # 1024 keys: 4 splits of 256
-    assert decode_split_count(1, 32, 32768, 132) == 9  # about two programs per multiprocessor
+    assert decode_split_count(8, 32, 1520, 132) == 3  # the longest request's keys in programs of <= 512
+    assert decode_split_count(8, 32, 8192, 132) == 16  # 8192 keys: capped at 16 splits
+    assert decode_split_count(256, 32, 8192, 132) == 1  # 8,192 programs: the others fill the wait
+    assert decode_split_count(1, 32, 1024, 132) == 4  # two programs a multiprocessor, but splits of >= 256 keys
+    assert decode_split_count(1, 32, 300, 132) == 1  # too short to split
     assert decode_split_count(1, 1, 1 << 20, 132) == 16  # capped
 
 

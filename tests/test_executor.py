@@ -153,3 +153,20 @@ def test_named_shapes():
                                                           torch.float32)
     n_params = sum(p.numel() for p in model.parameters())
     assert n_params == 1024 * 256 * 2 + 256 * 512 + 256 * 256 + 3 * 256 * 688 + 3 * 256
+
+
+def test_cuda_profile_grid_is_shaped_like_schedules_and_fits_an_80gb_gpu():
+    # schedules are mostly decode-only batches (graph-replayed on CUDA) and their mixed batches hold
+    # 1-2 prefill-type requests: the grid must weigh the one and stay within the other, and every
+    # composition must fit beside the llama-2-7b weights on an 80 GB GPU
+    from kvbound.engine_bridge.profile import MAX_BATCH_TOKENS, grid
+
+    points = grid("cuda")
+    decode_only = [p for p in points if p.prefill_requests == 0]
+    assert len(decode_only) >= 40 and len(set(decode_only)) == len(decode_only)
+    assert {p.decode_requests for p in decode_only} >= {1, 2, 4, 8, 16, 32, 64}
+    assert max(p.prefill_requests for p in points) == 2
+    assert all(p.prefill_requests * p.chunk + p.decode_requests <= MAX_BATCH_TOKENS["cuda"] for p in points)
+    shape = SHAPES["llama-2-7b"]
+    kv_gb = max(p.kv_tokens for p in points) * shape.kv_bytes_per_token(2) / 1e9
+    assert kv_gb + 13.5 < 70  # the weights take 13.5 GB; leave room for activations and graphs

@@ -65,13 +65,20 @@ def token_slots(block_tables: torch.Tensor, rows, positions: torch.Tensor, block
 
 
 def decode_split_count(num_requests: int, kv_heads: int, max_seq_len: int, multiprocessors: int, *,
-                       min_keys_per_split: int = 256, max_splits: int = 16) -> int:
-    """Key-range splits per (request, KV head) for split-K decode attention: 1 when the
-    requests x KV heads programs already fill the GPU's `multiprocessors` (0: not a GPU), else
-    enough for about two programs per multiprocessor, each of at least `min_keys_per_split` keys."""
+                       min_keys_per_split: int = 256, max_keys_per_split: int = 512, max_splits: int = 16) -> int:
+    """Key-range splits per (request, KV head) for split-K decode attention (1 when `multiprocessors`
+    is 0: not a GPU). Enough that no program walks more than `max_keys_per_split` keys of the longest
+    request, since the batch waits for that program (on an H100, decode batches of 5-16 requests with
+    3,400-4,000 cached tokens in all took 9.5 ms where one request held 1,200+ of them and 7.6 ms
+    where none held 800, one program per request: bench/results/NOTES.md), and for about two programs
+    per multiprocessor where the requests x KV heads programs do not fill them; each split has at
+    least `min_keys_per_split` keys. (In a CUDA graph `max_seq_len` is the table's capacity: a
+    shorter request's programs past its length return at once.)"""
     programs = num_requests * kv_heads
-    if programs == 0 or programs >= multiprocessors:
+    if programs == 0 or multiprocessors <= 0:
         return 1
-    by_occupancy = -(-2 * multiprocessors // programs)
+    by_occupancy = -(-2 * multiprocessors // programs) if programs < multiprocessors else 1
+    # ... unless the programs are already many: then the others fill the wait (at most ~32 a multiprocessor)
+    by_tail = min(-(-max_seq_len // max_keys_per_split), max(1, 32 * multiprocessors // programs))
     by_length = max(1, max_seq_len // min_keys_per_split)
-    return max(1, min(max_splits, by_occupancy, by_length))
+    return max(1, min(max_splits, by_length, max(by_occupancy, by_tail)))
