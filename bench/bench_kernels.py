@@ -40,6 +40,13 @@ def _median_ms(torch, fn, runs: int = 20) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def copy_bandwidth(torch) -> float:
+    """GB/s of a device-to-device copy of 1 GiB: bytes read and written over the median time."""
+    src = torch.empty(1 << 29, dtype=torch.float16, device="cuda")
+    dst = torch.empty_like(src)
+    return 2 * src.numel() * src.element_size() / _median_ms(torch, lambda: dst.copy_(src)) / 1e6
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batch", type=int, nargs="+", default=[64, 128, 256])
@@ -57,10 +64,7 @@ def main() -> int:
     ops = backend("triton")
     heads, dim, dtype = 32, 128, torch.float16
     multiprocessors = torch.cuda.get_device_properties(0).multi_processor_count
-    src = torch.empty(1 << 29, dtype=dtype, device="cuda")  # 1 GiB
-    dst = torch.empty_like(src)
-    copy_gbs = 2 * src.numel() * 2 / _median_ms(torch, lambda: dst.copy_(src)) / 1e6
-    del src, dst
+    copy_gbs = copy_bandwidth(torch)
     lines = [f"# Decode attention bandwidth ({torch.cuda.get_device_name()})", "",
              f"Copy (device to device, 1 GiB): {copy_gbs:.0f} GB/s. One llama-2-7b layer, fp16, block size "
              f"{args.block_size}, {multiprocessors} multiprocessors. Target: >= 80% of the copy bandwidth at 64-256 "

@@ -23,22 +23,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench_kernels import copy_bandwidth  # noqa: E402 (bench/ is the script's folder)
 from kvbound.fileio import write_atomic  # noqa: E402
-
-
-def _copy_gbs(torch) -> float:
-    src = torch.empty(1 << 29, dtype=torch.float16, device="cuda")  # 1 GiB
-    dst = torch.empty_like(src)
-    times = []
-    for k in range(13):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        dst.copy_(src)
-        end.record()
-        end.synchronize()
-        if k >= 3:
-            times.append(start.elapsed_time(end))
-    return 2 * src.numel() * 2 / statistics.median(times) / 1e6
 
 
 def measure(shape, requests: int, cached: int, steps: int, graphs: bool, device: str = "cuda") -> tuple[float, float]:
@@ -87,7 +73,7 @@ def main() -> int:
     shape = model_shape(args.shape)
     attention = 2 * shape.hidden * shape.hidden + 2 * shape.hidden * shape.kv_heads * shape.head_dim  # q, o; k, v
     weights = shape.layers * (attention + 3 * shape.hidden * shape.intermediate) + 2 * shape.vocab * shape.hidden
-    copy = _copy_gbs(torch)
+    copy = copy_bandwidth(torch)
     floor_ms = weights * 2 / copy / 1e6
     lines = [f"# Decode step ({torch.cuda.get_device_name()}, shape {args.shape}, fp16)", "",
              f"Weights {weights * 2 / 1e9:.2f} GB; device-to-device copy {copy:.0f} GB/s, so reading the weights once "
