@@ -56,7 +56,7 @@ MAX_BATCH_TOKENS = {"cpu": 512, "cuda": 4096}
 #: DECODE_ONLY_KV in all): they are most of what schedules run (93-96% of the batches of the 40-request
 #: conversation case's schedules) and the only batches CUDA graphs replay, which the grid's 12 of 486
 #: under-weighed (on an H100 the fit put the intercept at 9.1 ms where graph-replayed decode batches
-#: take 6.1-7.7 ms: replays predicted 10-15% too much)
+#: took 6.1-10 ms: replays predicted 10-15% too much; bench/results/replay_cuda.md)
 DECODE_ONLY = {"cpu": ((), ()), "cuda": ((1, 2, 4, 8, 16, 32, 64), (64, 128, 256, 512, 1024, 2048))}
 DECODE_ONLY_KV = 65536
 
