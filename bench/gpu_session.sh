@@ -58,10 +58,10 @@ step calibrate 30 $PY -m kvbound.cli calibrate "$OUT/profile.csv" --out "$OUT/co
 for schedule in "${schedules[@]}"; do
     name=$(basename "$schedule" .json)
     if step "replay $name" 80 bash -c "$PY -m kvbound.cli replay '$case_file' '$schedule' --device $DEVICE --shape $SHAPE --repeat 3 ${FLAGS:-} --cost '$OUT/cost.toml' --json > '$OUT/replay_$name.tmp'"; then
-        $PY -c "import json, sys; d = json.load(open(sys.argv[1])); d['schedule'] = sys.argv[2]; print(json.dumps(d))" \
-            "$OUT/replay_$name.tmp" "$name" >>"$OUT/replays.jsonl"
-        $PY -c "import json, sys; d = json.load(open(sys.argv[1])); print({k: d[k] for k in list(d)[:8]})" \
-            "$OUT/replay_$name.tmp" | tee -a "$log"
+        # one line per schedule in replays.jsonl, with its name; its summary on the terminal and in the log
+        $PY -c "import json, sys; d = json.load(open(sys.argv[1])); d['schedule'] = sys.argv[2]
+open(sys.argv[3], 'a').write(json.dumps(d) + '\n'); print({k: d[k] for k in list(d)[:8]})" \
+            "$OUT/replay_$name.tmp" "$name" "$OUT/replays.jsonl" | tee -a "$log"
     fi
     rm -f "$OUT/replay_$name.tmp"
 done

@@ -98,6 +98,14 @@ class LagrangianBound:
         self.refill_work[self.start + 1] = prefill_work(prompt, cost)
         self.refill_tokens = np.where(k >= 1, held, 0).astype(float)  # a refill (or first prefill) into R_k
         self.decode_root = np.sqrt(self.decode_work)
+        # `_finish_after`'s parts that no multiplier changes: per state, the least work of the tokens
+        # after it (each by a decode or, after an eviction, a refill; a first token only by the prefill)
+        # and the batches they take, one a token
+        least = np.where(k >= 2, np.minimum(self.decode_work, self.refill_work), self.refill_work)
+        least[self.start] = 0.0
+        running, last_of = np.cumsum(least), self.last[owner]
+        self._work_after, self._batches_after = running[last_of] - running, (last_of - np.arange(len(k))).astype(float)
+        self._owner = owner
         self.alone = self.first_prefill + out - 1  # the fewest batches each request needs alone
         nu = _unfinished_at_least(instance, np.add.reduceat(self.kv, self.start), self.alone,
                                   (prompt + out - 1).astype(float))
@@ -173,17 +181,10 @@ class LagrangianBound:
         first by a refill. Returns, per request, the state (index) it is in after batch J on its
         cheapest trajectory and whether it is resident there (-1 and True where it finished by J)."""
         J, a = self.stepped, self.alpha
-        k = np.arange(len(self.kv)) - np.repeat(self.start, self.last - self.start + 1)
-        # c[s]: the least work of reaching state s from s - 1 (a first token only by the prefill)
-        c = a * np.where(k >= 2, np.minimum(self.decode_work, self.refill_work), self.refill_work)
-        c[self.start] = 0.0
-        running = np.cumsum(c)
-        last_of = np.repeat(self.last, self.last - self.start + 1)
-        after = running[last_of] - running  # the least work of the tokens after state s
-        batches_left = (last_of - np.arange(len(c))).astype(float)
-        tail = self.finish_price[J] + self.intercept * batches_left
+        after = a * self._work_after
+        tail = self.finish_price[J] + self.intercept * self._batches_after
         from_resident = R + after + tail
-        from_evicted = np.full_like(E, np.inf)  # the next token by a refill (its work is c's refill share)
+        from_evicted = np.full_like(E, np.inf)  # the next token by a refill
         refill_next = a * self.refill_work[1:] + after[1:]
         from_evicted[:-1] = E[:-1] + refill_next + tail[:-1]
         from_resident[self.last] = from_evicted[self.last] = np.inf  # done by J: already in `best`
@@ -193,7 +194,7 @@ class LagrangianBound:
         state = np.full(self.n, -1, dtype=np.int64)
         resident = np.ones(self.n, dtype=bool)
         if better.any():
-            owner = np.repeat(np.arange(self.n), self.last - self.start + 1)
+            owner = self._owner
             hit = np.flatnonzero((cost == cheapest[owner]) & better[owner])
             first = hit[np.r_[True, owner[hit][1:] != owner[hit][:-1]]]  # each request's first cheapest state
             r = owner[first]
