@@ -7,7 +7,9 @@
 * The batch-sharing term raises the bound where many requests decode together, below a
   validated schedule.
 * With every request at 0 and lam = 0 it is at least the mean of each request alone.
-* The backtracked usage is the KV of the trajectories priced (checked against a direct recount).
+* The backtracked usage is the KV of the trajectories priced (checked against a direct recount), and
+  the per-request trajectories read back add up to it.
+* The horizon reaches past the trajectories' completions at zero multipliers.
 * `solve(formulation="lagrangian")` and `auto` where the model is too large: every schedule
   validated, the trajectory monotone, the bound below the oracle optimum, and the time used.
 """
@@ -172,6 +174,36 @@ def test_backtracked_work_is_what_the_value_weighs(inst):
     assert pricing.value == pytest.approx(recounted, rel=1e-9, abs=1e-12)
 
 
+@settings(max_examples=40, deadline=None)
+@given(inst=instances(min_requests=1, max_requests=4, max_prompt=6, max_output=4), seed=st.integers(0, 2 ** 16))
+def test_trajectories_read_back_per_request_add_up_to_the_pricing(inst, seed):
+    # the per-request columns (for a master over the trajectories, bench/probe_dual_master.py) must
+    # be the same trajectories as the totals the subgradient reads, and their costs the value's parts
+    horizon = 10
+    rng = np.random.default_rng(seed)
+    bound = LagrangianBound(inst, "mean_latency", horizon)
+    lam = rng.exponential(inst.cost.intercept / inst.system.kv_capacity, horizon)
+    mu = rng.exponential(inst.cost.intercept / inst.system.max_batch_tokens, horizon)
+    columns = []
+    pricing = bound.price(lam, mu, columns=columns)
+    usage, tokens, work, root = np.zeros(horizon), np.zeros(horizon), np.zeros(horizon), np.zeros(horizon)
+    for j, resident, kv, decoding, refilling, refill_tokens, priced_in, decode_work, decode_root in columns:
+        assert 1 <= j <= horizon and len(set(resident)) == len(resident) and len(decoding) == len(decode_work)
+        usage[j - 1] += kv.sum()
+        tokens[j - 1] += len(decoding)
+        if priced_in >= 0:
+            assert priced_in <= j - 1
+            tokens[priced_in] += refill_tokens.sum()
+        work[j - 1] += decode_work.sum()
+        root[j - 1] += decode_root.sum()
+    for mine, theirs in ((usage, pricing.usage), (tokens, pricing.tokens), (work, pricing.decode_work),
+                         (root, pricing.decode_root)):
+        np.testing.assert_allclose(mine, theirs, rtol=1e-12, atol=1e-12)
+    total = (pricing.cost.sum() - inst.system.kv_capacity * lam.sum() - inst.system.max_batch_tokens * mu.sum()
+             + (1 - bound.alpha) * bound.pairwise - inst.arrivals.sum()) / len(inst)
+    assert pricing.value == pytest.approx(total, rel=1e-12, abs=1e-12)
+
+
 def test_lagrangian_bound_beats_the_analytic_bound_where_kv_binds():
     # a long decode beside two prompts that fill most of M: the completion-order bound prices the
     # KV by area over the first k completions; the batch-by-batch KV limit counts more
@@ -181,6 +213,24 @@ def test_lagrangian_bound_beats_the_analytic_bound_where_kv_binds():
     analytic = max(b.value for b in analytic_bounds(inst, "mean_latency"))
     value, _, _ = LagrangianBound(inst, "mean_latency", 16).improve(Deadline(None), opt, max_passes=1000)
     assert analytic + 1e-3 < value <= opt * (1 + 1e-9)  # measured: 4.1667 < 4.1757 <= 4.6667
+
+
+def test_the_horizon_reaches_past_the_trajectories_of_the_first_pass(monkeypatch):
+    # multipliers and batch sharing act only on batches 1..H; with a start schedule's horizon (sjf-mc:
+    # 21 batches here) the cheapest trajectories finish after it, where nothing prices their sharing
+    inst = Instance(tuple(Request(8 + k % 3, 10 + 2 * (k % 4)) for k in range(8)), SystemConfig(1024, 16, 16, 1),
+                    CostModel(intercept=1.0, per_token=0.05, decode_kv=0.01))
+    start = simulate(inst, get_scheduler("sjf-mc"))
+    best = min(validate(inst, simulate(inst, get_scheduler(s)).schedule).metrics.mean_latency
+               for s in ("sjf-mc", "srpt", "spt-waves"))
+    horizon = len(start.schedule.batches)
+    reached = LagrangianBound(inst, "mean_latency", horizon)
+    first = next(reached.iterate(best))[2]
+    assert reached.H >= first.completion.max() > horizon
+    value, _, _ = LagrangianBound(inst, "mean_latency", horizon).improve(Deadline(None), best, max_passes=300)
+    monkeypatch.setattr("kvbound.formulation.lagrangian.HORIZON_REACH", 0.0)
+    short, _, _ = LagrangianBound(inst, "mean_latency", horizon).improve(Deadline(None), best, max_passes=300)
+    assert short * 1.01 < value <= best  # measured: 31.49 < 32.02 <= 33.5
 
 
 def test_ordered_scheduler_admits_in_the_given_order():

@@ -51,6 +51,11 @@ SHARING_STEP = 0.3
 #: (and the step starts again): from the first pass on it lowered the bound there (arXiv 30 requests,
 #: tight M: 5.000 -> 4.879 s in 120 s) by moving the trajectories the KV multipliers follow
 SHARING_AFTER_HALVINGS = 2
+#: the subgradient method's horizon reaches this far past the batch the cheapest trajectories at zero
+#: multipliers finish in, where the caller's horizon is shorter: 30 conversation requests (loose M)
+#: finish by batch 348 there; with sjf-mc's horizon (213 batches) the bound stalled at 0.8099 s,
+#: with 383 it reached 0.8422 s
+HORIZON_REACH = 1.1
 
 
 @dataclass
@@ -65,6 +70,7 @@ class Pricing:
     decode_root: np.ndarray  # per batch 1..H: the sum of sqrt(work) over the trajectories' decodes
     decode_work: np.ndarray  # per batch 1..H: the trajectories' decode work
     prefill_work: np.ndarray  # per batch 1..H: the trajectories' first-prefill and refill work (where they complete)
+    cost: np.ndarray  # per request: its cheapest trajectory's priced cost (multiplier terms included)
 
 
 class LagrangianBound:
@@ -107,22 +113,11 @@ class LagrangianBound:
         self._work_after, self._batches_after = running[last_of] - running, (last_of - np.arange(len(k))).astype(float)
         self._owner = owner
         self.alone = self.first_prefill + out - 1  # the fewest batches each request needs alone
-        nu = _unfinished_at_least(instance, np.add.reduceat(self.kv, self.start), self.alone,
-                                  (prompt + out - 1).astype(float))
-        # after batch `flat` no count, multiplier or sharing term is left (nu = 1, lam = mu = 0), so a
-        # trajectory done from there as early as it can is a cheapest one: it completes by flat + its
-        # own batches (`steps`). The DP steps through `stepped` batches (flat, or a first prefill's
-        # batches if more) and finishes every trajectory from there in closed form (`_finish_after`)
-        flat = max(self.H, len(nu))
-        self.stepped = max(flat, int(self.first_prefill.max()))
-        self.steps = flat + int((self.first_prefill + out).max()) + 1
-        self.nu = np.r_[nu, np.ones(self.steps - len(nu))]
-        # what a trajectory completing in batch j pays for being unfinished in batches 1..j: j intercepts
-        # (`completion_master` prices each batch apart)
-        self.finish_price = cost.intercept * np.arange(self.steps + 1, dtype=float)
-        # the batch-sharing term of batches 1..H (`_follow_sharing`): weights theta_j in [0, 1] and
-        # tangent points sigma_j; all 0 is the plain nu-weighted bound
-        self.sharing, self.sharing_point = np.zeros(self.H), np.zeros(self.H)
+        self._counts = _unfinished_at_least(instance, np.add.reduceat(self.kv, self.start), self.alone,
+                                            (prompt + out - 1).astype(float))
+        self._longest = int((self.first_prefill + out).max())
+        self.intercept = cost.intercept
+        self._set_horizon(self.H)
         self.arrival_sum = float(instance.arrivals.sum())
         # the work may also be bounded without trajectories: each pair of requests waits at least for
         # the smaller one's work (the k-th completion for the k smallest works), `pairwise`; the
@@ -133,16 +128,36 @@ class LagrangianBound:
                                                                            for r in instance.requests])
         self.pairwise = float(np.cumsum(np.sort(self.own_work)).sum())
         self.alpha = 1.0
-        self.intercept, self.capacity, self.token_capacity, self.n = cost.intercept, s.kv_capacity, s.max_batch_tokens, n
+        self.capacity, self.token_capacity, self.n = s.kv_capacity, s.max_batch_tokens, n
         # `_step`'s working arrays, one set reused by every batch
         T = len(self.kv)
         self._scratch = (np.empty(T - 1), np.empty(T - 1), np.empty(T - 1, dtype=bool))
 
+    def _set_horizon(self, horizon: int) -> None:
+        """Give batches 1..`horizon` multipliers and batch-sharing terms (all zero)."""
+        self.H = horizon
+        nu = self._counts
+        # after batch `flat` no count, multiplier or sharing term is left (nu = 1, lam = mu = 0), so a
+        # trajectory done from there as early as it can is a cheapest one: it completes by flat + its
+        # own batches (`steps`). The DP steps through `stepped` batches (flat, or a first prefill's
+        # batches if more) and finishes every trajectory from there in closed form (`_finish_after`)
+        flat = max(self.H, len(nu))
+        self.stepped = max(flat, int(self.first_prefill.max()))
+        self.steps = flat + self._longest + 1
+        self.nu = np.r_[nu, np.ones(self.steps - len(nu))]
+        # what a trajectory completing in batch j pays for being unfinished in batches 1..j: j intercepts
+        # (`completion_master` prices each batch apart)
+        self.finish_price = self.intercept * np.arange(self.steps + 1, dtype=float)
+        # the batch-sharing term of batches 1..H (`_follow_sharing`): weights theta_j in [0, 1] and
+        # tangent points sigma_j; all 0 is the plain nu-weighted bound
+        self.sharing, self.sharing_point = np.zeros(self.H), np.zeros(self.H)
+
     # ------------------------------------------------------------------ one pricing pass
 
-    def price(self, lam: np.ndarray, mu: np.ndarray | None = None) -> Pricing:
+    def price(self, lam: np.ndarray, mu: np.ndarray | None = None, columns: list | None = None) -> Pricing:
         """The cheapest trajectory of every request under multipliers `lam` on the KV limit and `mu`
-        on the token limit C of batches 1..H (each length H, >= 0; no `mu`: 0)."""
+        on the token limit C of batches 1..H (each length H, >= 0; no `mu`: 0). A `columns` list
+        gets the trajectories batch by batch (`_backtrack`), for a master over them."""
         mu = np.zeros(self.H) if mu is None else mu
         T = len(self.kv)
         stepped = self.stepped
@@ -167,8 +182,8 @@ class LagrangianBound:
                  - self.alpha * float(self.sharing @ self.sharing_point ** 2)
                  - self.arrival_sum) / self.n
         usage, tokens, start, root, decoded, prefilled = self._backtrack(lam, mu, cheapest, checkpoints, segment,
-                                                                         done_at, ends, kept if keep else None)
-        return Pricing(value, usage, done_at, start, tokens, root, decoded, prefilled)
+                                                                         done_at, ends, kept if keep else None, columns)
+        return Pricing(value, usage, done_at, start, tokens, root, decoded, prefilled, best)
 
     def _finish_after(self, R, E, best, done_at) -> tuple[np.ndarray, np.ndarray]:
         """Finish every trajectory after batch J = `stepped` in closed form, as stepping on to `steps`
@@ -258,10 +273,13 @@ class LagrangianBound:
         Rn[self.last] = np.inf
         return Rn, E, choice, evict
 
-    def _backtrack(self, lam, mu, cheapest, checkpoints, segment, done_at, ends, kept=None):
+    def _backtrack(self, lam, mu, cheapest, checkpoints, segment, done_at, ends, kept=None, columns=None):
         """KV per batch 1..H of every request's cheapest trajectory, and its start batch (the
         choices `kept` from the forward pass, else recomputed segment by segment from checkpoints),
-        walking back from each request's state after the last batch stepped (`ends`)."""
+        walking back from each request's state after the last batch stepped (`ends`). `columns`, if
+        a list, gets per batch j <= H: (j, the requests resident and their KV, the requests decoding,
+        the requests refilling and their tokens, the batch those tokens are priced in, the decodes'
+        work and its square root)."""
         usage = np.zeros(self.H)
         tokens = np.zeros(self.H)
         root, decoded, prefilled = np.zeros(self.H), np.zeros(self.H), np.zeros(self.H)
@@ -289,6 +307,10 @@ class LagrangianBound:
                 if j <= self.H and inr.any():
                     usage[j - 1] += self.kv[pos[inr]].sum()
                 ch = np.where(inr, choice[pos], 0)
+                if columns is not None and j <= self.H:
+                    columns.append((j, np.flatnonzero(inr), self.kv[pos[inr]], np.flatnonzero(ch == 1),
+                                    np.flatnonzero(ch == 2), self.refill_tokens[pos[ch == 2]], cheapest[j - 1],
+                                    self.decode_work[pos[ch == 1]], self.decode_root[pos[ch == 1]]))
                 started = inr & (ch == 2) & (pos == self.start + 1)
                 start[started] = j
                 if j <= self.H:  # decode tokens in this batch; a refill's in the cheapest batch so far
@@ -320,6 +342,13 @@ class LagrangianBound:
         trials = {alpha: self._priced_at(alpha, lam, mu) for alpha in ALPHAS}
         self.alpha = max(trials, key=lambda a: trials[a].value)
         pricing = trials[self.alpha]  # the first pass: its multipliers are these zeros
+        # multipliers and sharing act only up to H, and cheapest trajectories that finish after it
+        # escape them: H reaches past them (zero multipliers price alike at every H)
+        reach = int(HORIZON_REACH * pricing.completion.max())
+        if reach > self.H:
+            self._set_horizon(reach)
+            lam, mu = np.zeros(self.H), np.zeros(self.H)
+            pricing = self.price(lam, mu)
         steps = StepControl(FIRST_STEP)
         # the batch-sharing term: from the start where the trajectories already fit M (no KV
         # multiplier has anything to do), else once the multipliers alone stall
