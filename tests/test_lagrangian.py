@@ -9,7 +9,8 @@
 * With every request at 0 and lam = 0 it is at least the mean of each request alone.
 * The backtracked usage is the KV of the trajectories priced (checked against a direct recount), and
   the per-request trajectories read back add up to it.
-* The horizon reaches past the trajectories' completions at zero multipliers.
+* The horizon reaches past the trajectories' completions at zero multipliers, and the work weight's
+  slope, which alpha's own steps follow, is a supergradient of the value.
 * `solve(formulation="lagrangian")` and `auto` where the model is too large: every schedule
   validated, the trajectory monotone, the bound below the oracle optimum, and the time used.
 """
@@ -202,6 +203,30 @@ def test_trajectories_read_back_per_request_add_up_to_the_pricing(inst, seed):
     total = (pricing.cost.sum() - inst.system.kv_capacity * lam.sum() - inst.system.max_batch_tokens * mu.sum()
              + (1 - bound.alpha) * bound.pairwise - inst.arrivals.sum()) / len(inst)
     assert pricing.value == pytest.approx(total, rel=1e-12, abs=1e-12)
+
+
+@settings(max_examples=40, deadline=None)
+@given(inst=instances(min_requests=1, max_requests=4, max_prompt=6, max_output=4), seed=st.integers(0, 2 ** 16),
+       alpha=st.floats(0.05, 1.0), other=st.floats(0.0, 1.0))
+def test_the_work_weight_slope_is_a_supergradient(inst, seed, alpha, other):
+    # the value is the least of functions affine in alpha, so at fixed multipliers the slope read
+    # from the trajectories priced at alpha bounds the value at any other weight from above
+    horizon = 8
+    rng = np.random.default_rng(seed)
+    bound = LagrangianBound(inst, "mean_latency", horizon)
+    lam = rng.exponential(inst.cost.intercept / inst.system.kv_capacity, horizon)
+    mu = rng.exponential(inst.cost.intercept / inst.system.max_batch_tokens, horizon)
+    bound.sharing = rng.uniform(0.0, 1.0, horizon)
+    bound.sharing_point = rng.exponential(math.sqrt(inst.cost.intercept), horizon)
+    bound.alpha = alpha
+    pricing = bound.price(lam, mu)
+    slope = bound._alpha_slope(pricing, lam, mu)
+    bound.alpha = other
+    assert bound.price(lam, mu).value <= pricing.value + slope * (other - alpha) + 1e-9 * (1 + abs(pricing.value))
+    bound.alpha = alpha + 1e-6  # and it is the derivative where the same trajectories stay cheapest
+    nearby = bound.price(lam, mu)
+    if np.array_equal(nearby.completion, pricing.completion) and np.allclose(nearby.usage, pricing.usage):
+        assert (nearby.value - pricing.value) / 1e-6 == pytest.approx(slope, rel=1e-3, abs=1e-6)
 
 
 def test_lagrangian_bound_beats_the_analytic_bound_where_kv_binds():
