@@ -21,7 +21,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from kvbound import CostModel, Instance, Request, SystemConfig, validate
@@ -66,6 +66,29 @@ def test_lagrangian_bound_never_exceeds_the_brute_force_optimum(inst, objective,
 @settings(max_examples=80, deadline=None)
 @given(inst=instances(min_requests=1, max_requests=4, max_prompt=6, max_output=5), objective=st.sampled_from(MEAN),
        seed=st.integers(0, 2 ** 16), horizon=st.integers(1, 8), alpha=st.sampled_from((1.0, 0.5, 0.0)))
+@example(
+    inst=Instance(requests=(Request(prompt=1, output=4, arrival=0.0),
+      Request(prompt=2, output=4, arrival=0.0)),
+     system=SystemConfig(kv_capacity=5,
+      max_batch_tokens=1,
+      max_prefill_tokens=1,
+      block_size=1),
+     cost=CostModel(intercept=1.0,
+      per_token=0.25,
+      decode_kv=0.125,
+      prefill_attention=0.0625,
+      prefill_kv=0.5,
+      per_prefill_request=0.75,
+      token_knees=(),
+      per_token_above=()),
+     name='',
+     description='',
+     source=''),
+    objective='mean_latency',
+    seed=0,
+    horizon=2,
+    alpha=1.0,
+).via('ties: the earliest completion, as stepping on keeps')
 def test_finishing_in_closed_form_prices_as_stepping_on(inst, objective, seed, horizon, alpha):
     # after the last batch with a count, multiplier or sharing term the DP finishes every trajectory
     # in closed form; stepping through every batch instead must give the same pricing

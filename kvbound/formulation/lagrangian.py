@@ -219,12 +219,14 @@ class LagrangianBound:
         if better.any():
             owner = self._owner
             hit = np.flatnonzero((cost == cheapest[owner]) & better[owner])
-            first = hit[np.r_[True, owner[hit][1:] != owner[hit][:-1]]]  # each request's first cheapest state
-            r = owner[first]
-            state[r] = first
-            resident[r] = from_resident[first] <= from_evicted[first]
+            # each request's last cheapest state: of equal costs the earliest completion, which is the
+            # one stepping on keeps (a later batch replaces an earlier one only if cheaper)
+            chosen = hit[np.r_[owner[hit][1:] != owner[hit][:-1], True]]
+            r = owner[chosen]
+            state[r] = chosen
+            resident[r] = from_resident[chosen] <= from_evicted[chosen]
             best[r] = cheapest[r]
-            done_at[r] = J + (self.last[r] - first)
+            done_at[r] = J + (self.last[r] - chosen)
         return state, resident
 
     def _priced_at(self, alpha: float, lam, mu) -> Pricing:
