@@ -372,18 +372,25 @@ class LagrangianBound:
             g = projected_subgradient(pricing.usage - self.capacity, lam)
             h = projected_subgradient(pricing.tokens - self.token_capacity, mu)
             norm = float(g @ g + h @ h)
-            slope = self._alpha_slope(pricing, lam, mu)
+            alpha = self._next_alpha(pricing, lam, mu, steps.theta)
             moved = sharing and self._follow_sharing(pricing)
-            if (norm == 0.0 and not moved and not slope) or steps.theta < 1e-9:
-                return  # the cheapest trajectories fit M and C (or the steps vanished): the bound is final
+            if (norm == 0.0 and not moved and alpha == self.alpha) or steps.theta < 1e-9:
+                return  # the cheapest trajectories fit M and C, nothing else moves (or the steps vanished)
             if norm:
                 step = steps.theta * (self.target - pricing.value) * self.n / norm
                 lam = np.maximum(0.0, lam + step * g)
                 mu = np.maximum(0.0, mu + step * h)
-            if slope:  # alpha's own Polyak step, at most ALPHA_MOVE a pass
-                move = np.clip(ALPHA_STEP * steps.theta * (self.target - pricing.value) / slope, -ALPHA_MOVE, ALPHA_MOVE)
-                self.alpha = float(np.clip(self.alpha + move, ALPHA_LEAST, 1.0))
+            self.alpha = alpha
             pricing = self.price(lam, mu)
+
+    def _next_alpha(self, pricing: Pricing, lam: np.ndarray, mu: np.ndarray, theta: float) -> float:
+        """Alpha after its own Polyak step along `_alpha_slope` (step fraction ALPHA_STEP x `theta`), at
+        most ALPHA_MOVE and within [ALPHA_LEAST, 1] (alpha 0 stays 0)."""
+        slope = self._alpha_slope(pricing, lam, mu)
+        if not slope:
+            return self.alpha
+        move = np.clip(ALPHA_STEP * theta * (self.target - pricing.value) / slope, -ALPHA_MOVE, ALPHA_MOVE)
+        return float(np.clip(self.alpha + move, ALPHA_LEAST, 1.0))
 
     def _alpha_slope(self, pricing: Pricing, lam: np.ndarray, mu: np.ndarray) -> float:
         """d value / d alpha along the trajectories of `pricing` (priced at `lam`, `mu`): a supergradient,
