@@ -243,7 +243,7 @@ def test_the_work_weight_slope_is_a_supergradient(inst, seed, alpha, other):
     bound.sharing_point = rng.exponential(math.sqrt(inst.cost.intercept), horizon)
     bound.alpha = alpha
     pricing = bound.price(lam, mu)
-    slope = bound._alpha_slope(pricing, lam, mu)
+    slope = pricing.alpha_slope
     bound.alpha = other
     assert bound.price(lam, mu).value <= pricing.value + slope * (other - alpha) + 1e-9 * (1 + abs(pricing.value))
     bound.alpha = alpha + 1e-6  # and it is the derivative where the same trajectories stay cheapest

@@ -79,6 +79,7 @@ class Pricing:
     decode_work: np.ndarray  # per batch 1..H: the trajectories' decode work
     prefill_work: np.ndarray  # per batch 1..H: the trajectories' first-prefill and refill work (where they complete)
     cost: np.ndarray  # per request: its cheapest trajectory's priced cost (multiplier terms included)
+    alpha_slope: float  # d value / d alpha along these trajectories (`LagrangianBound._alpha_slope`)
 
 
 class LagrangianBound:
@@ -191,7 +192,8 @@ class LagrangianBound:
                  - self.arrival_sum) / self.n
         usage, tokens, start, root, decoded, prefilled = self._backtrack(lam, mu, cheapest, checkpoints, segment,
                                                                          done_at, ends, kept if keep else None, columns)
-        return Pricing(value, usage, done_at, start, tokens, root, decoded, prefilled, best)
+        slope = self._alpha_slope(best, done_at, float(lam @ usage) + float(mu @ tokens))
+        return Pricing(value, usage, done_at, start, tokens, root, decoded, prefilled, best, slope)
 
     def _finish_after(self, R, E, best, done_at) -> tuple[np.ndarray, np.ndarray]:
         """Finish every trajectory after batch J = `stepped` in closed form, as stepping on to `steps`
@@ -372,7 +374,7 @@ class LagrangianBound:
             g = projected_subgradient(pricing.usage - self.capacity, lam)
             h = projected_subgradient(pricing.tokens - self.token_capacity, mu)
             norm = float(g @ g + h @ h)
-            alpha = self._next_alpha(pricing, lam, mu, steps.theta)
+            alpha = self._next_alpha(pricing, steps.theta)
             moved = sharing and self._follow_sharing(pricing)
             if (norm == 0.0 and not moved and alpha == self.alpha) or steps.theta < 1e-9:
                 return  # the cheapest trajectories fit M and C, nothing else moves (or the steps vanished)
@@ -383,23 +385,23 @@ class LagrangianBound:
             self.alpha = alpha
             pricing = self.price(lam, mu)
 
-    def _next_alpha(self, pricing: Pricing, lam: np.ndarray, mu: np.ndarray, theta: float) -> float:
-        """Alpha after its own Polyak step along `_alpha_slope` (step fraction ALPHA_STEP x `theta`), at
+    def _next_alpha(self, pricing: Pricing, theta: float) -> float:
+        """Alpha after its own Polyak step along `pricing.alpha_slope` (step fraction ALPHA_STEP x `theta`), at
         most ALPHA_MOVE and within [ALPHA_LEAST, 1] (alpha 0 stays 0)."""
-        slope = self._alpha_slope(pricing, lam, mu)
+        slope = pricing.alpha_slope
         if not slope:
             return self.alpha
         move = np.clip(ALPHA_STEP * theta * (self.target - pricing.value) / slope, -ALPHA_MOVE, ALPHA_MOVE)
         return float(np.clip(self.alpha + move, ALPHA_LEAST, 1.0))
 
-    def _alpha_slope(self, pricing: Pricing, lam: np.ndarray, mu: np.ndarray) -> float:
-        """d value / d alpha along the trajectories of `pricing` (priced at `lam`, `mu`): a supergradient,
-        since the value is the least of functions affine in (alpha, lam, mu). 0 where alpha is 0 (the
+    def _alpha_slope(self, cost: np.ndarray, done_at: np.ndarray, priced_limits: float) -> float:
+        """d value / d alpha along the trajectories just priced (their costs, completion batches and
+        multiplier terms), at the alpha and sharing they were priced with: a supergradient, since the
+        value is the least of functions affine in (alpha, lam, mu). 0 where alpha is 0 (the
         trajectories' work is then unpriced; it stays there)."""
         if self.alpha <= 0.0:
             return 0.0
-        weighted = (pricing.cost.sum() - self.intercept * float(pricing.completion.sum())
-                    - float(lam @ pricing.usage) - float(mu @ pricing.tokens)) / self.alpha
+        weighted = (cost.sum() - self.finish_price[done_at].sum() - priced_limits) / self.alpha
         return (weighted - self.pairwise - float(self.sharing @ self.sharing_point ** 2)) / self.n
 
     def _follow_sharing(self, pricing: Pricing) -> bool:
