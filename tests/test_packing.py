@@ -18,7 +18,7 @@ from kvbound.solvers import decompose
 from kvbound.solvers.api import satisfies, solve
 from kvbound.solvers.packing import (DECODE_ROOM, FITS, SEGMENT, STALLED_MOVES, Profile, batchwise_starts, chunk_size,
                                      decode_room, from_the_end, greedy_starts, justified_order, pack, packed_schedule,
-                                     profiles, search_orders)
+                                     profiles, search_orders, timed_starts)
 from kvbound.costs.presets import PRESETS
 from kvbound.workload import Instance, Request, SystemConfig, load_trace
 
@@ -111,6 +111,56 @@ def test_batch_by_batch_fit_starts_what_fits_at_each_batch_and_its_schedule_is_v
     assert (starts == batch_by_batch(profs, inst.system, order)).all()
     replay = validate(inst, packed_schedule(inst, profs, starts))  # raises on any broken rule
     assert replay.evictions.sum() == 0
+
+
+def timed_batch_by_batch(profiles: list[Profile], inst: Instance, order) -> tuple[np.ndarray, float]:
+    """The timed fit's definition: `batch_by_batch` on a clock that adds each batch's time (the
+    intercept and its requests' work alone) once the batch is passed, starting only the requests
+    that have arrived by then, and waiting for the next arrival where nothing runs."""
+    system, a0, arrivals = inst.system, inst.cost.intercept, inst.arrivals
+    horizon = 2 * sum(p.batches for p in profiles)
+    kv, tokens, prefill = (np.zeros(horizon, dtype=np.int64) for _ in range(3))
+    work = np.zeros(horizon)
+    starts: dict[int, int] = {}
+    t, clock = 0, 0.0
+    while len(starts) < len(profiles):
+        if not tokens[t]:
+            clock = max(clock, min(arrivals[r] for r in order if r not in starts))
+        for r in order:
+            p = profiles[r]
+            if r not in starts and arrivals[r] <= clock and fits_at(p, system, t, kv, tokens, prefill):
+                place_at(p, t, kv, tokens, prefill)
+                work[t:t + p.batches] += p.work
+                starts[r] = t
+        if tokens[t]:
+            clock += a0 + work[t]
+        t += 1
+    clock += a0 * np.count_nonzero(tokens[t:]) + work[t:].sum()
+    return np.array([starts[r] for r in range(len(profiles))]), clock
+
+
+@settings(max_examples=150, deadline=None)
+@given(instances(min_requests=1, max_requests=6, max_prompt=40, max_output=40, block_sizes=(1, 4, 16),
+                 arrivals=True), st.randoms(use_true_random=False))
+def test_the_timed_fit_starts_what_has_arrived_and_fits_and_its_clock_is_the_schedules_end(inst, rng):
+    profs = profiles(inst)
+    order = list(range(len(inst)))
+    rng.shuffle(order)
+    starts, clock = timed_starts(profs, inst.arrivals, inst.system, inst.cost.intercept, order)
+    expected, expected_clock = timed_batch_by_batch(profs, inst, order)
+    assert (starts == expected).all()
+    assert clock == pytest.approx(expected_clock, rel=1e-12)
+    replay = validate(inst, packed_schedule(inst, profs, starts))  # raises on a request run before its arrival
+    assert replay.evictions.sum() == 0
+    # the clock adds each request's work alone: the schedule's end, or less where token knees add more
+    if inst.cost.token_knees:
+        assert replay.metrics.total_latency >= clock * (1 - 1e-9)
+    else:
+        assert replay.metrics.total_latency == pytest.approx(clock, rel=1e-9)
+    # with every request there at 0 it is the batch-by-batch fit
+    at_zero = Instance([Request(r.prompt, r.output) for r in inst.requests], inst.system, inst.cost)
+    untimed, _ = timed_starts(profs, at_zero.arrivals, inst.system, inst.cost.intercept, order)
+    assert (untimed == batchwise_starts(profs, inst.system, order)).all()
 
 
 @settings(max_examples=150, deadline=None)
@@ -225,7 +275,10 @@ def test_the_fits_give_up_once_the_deadline_has_passed():
     for fit in FITS.values():
         assert fit(profs, inst.system, [0, 1, 2], Deadline(0.0)) is None
         assert (fit(profs, inst.system, [0, 1, 2], Deadline(60.0)) == fit(profs, inst.system, [0, 1, 2])).all()
+    assert timed_starts(profs, inst.arrivals, inst.system, inst.cost.intercept, [0, 1, 2], Deadline(0.0)) is None
     assert pack(inst, Deadline(0.0)).schedule is None
+    arriving = Instance([Request(40, 8), Request(30, 12, 1.0), Request(20, 4, 2.0)], inst.system, inst.cost)
+    assert pack(arriving, Deadline(0.0)).schedule is None
 
 
 def test_packing_answers_soon_after_an_interrupt(shared_data):
@@ -297,6 +350,26 @@ def test_search_packs_only_where_packed_schedules_can_meet_the_constraints(const
     if found.schedule is not None:
         assert satisfies(inst, found.schedule, constraints)
         validate(inst, found.schedule)
+
+
+def test_search_packs_with_arrivals_and_keeps_a_packed_schedule_only_through_the_validator():
+    from .test_lagrangian import conv_like
+
+    offline = conv_like()
+    inst = Instance([Request(r.prompt, r.output, 0.02 * k) for k, r in enumerate(offline.requests)],
+                    offline.system, offline.cost)
+    start = run_scheduler(inst, "sjf-mc")
+    deadline = Deadline(3.0)
+    found = decompose.search(inst, Objective.parse("total_latency"), Constraints(), start.schedule,
+                             start.replay.metrics.total_latency, deadline, decompose.Trajectory(deadline), satisfies)
+    stats = found.stats["packing"]
+    assert stats["greedy_fit"] == "timed batch by batch" and stats["order_search_moves"] > 0
+    assert stats["order_search_makespan"] <= stats["greedy_makespan"]
+    profs = profiles(inst)
+    arrival_order, _ = timed_starts(profs, inst.arrivals, inst.system, inst.cost.intercept, range(len(inst)))
+    packed = validate(inst, packed_schedule(inst, profs, arrival_order)).metrics.total_latency
+    assert found.value <= min(packed, start.replay.metrics.total_latency) * (1 + 1e-12)
+    assert validate(inst, found.schedule).metrics.total_latency == pytest.approx(found.value, rel=1e-12)
 
 
 def test_prefill_chunks_leave_room_for_as_many_decodes_as_m_holds(shared_data):

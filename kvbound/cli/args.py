@@ -93,7 +93,7 @@ def add_backend(p, help: str | None = None) -> None:
     p.add_argument("--formulation", default=SolveOptions.formulation, choices=FORMULATIONS,
                    help="chain: per-class state network with one arc per token (strong, size ~ I); network: one "
                         "arc per chunk (size ~ I^2); bigm: the seed paper's model; lagrangian: no model, a "
-                        "Lagrangian bound (mean objectives), packing (total latency, all requests at 0) and a search over "
+                        "Lagrangian bound (mean objectives), packing (total latency) and a search over "
                         "admission orders until the time limit; "
                         "auto (default): chain while it is small enough, else bigm, else lagrangian")
 

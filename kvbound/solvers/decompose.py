@@ -11,8 +11,8 @@ completion master" and "The admission-pattern search"):
   admitted): the best schedule's own pattern, the Lagrangian trajectories' (the Lagrangian
   heuristic), then random moves of one request in the best pattern so far, each simulated by an
   ordered unified preset (`OrderedScheduler`) and checked by the validator.
-For total latency with every request there from the start, packing (`packing`: each request run
-as alone, the starts chosen by a greedy fit and then CP-SAT) first takes PACKING_SHARE of the time.
+For total latency, packing (`packing`: each request run as alone, the starts chosen by greedy fits
+and then CP-SAT, or with arrivals by a fit on a clock) first takes PACKING_SHARE of the time.
 """
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ FOLLOWER_SHARE = 0.2
 #: loose ones at 1,000 (cut earlier, Farley's bound is far weaker: 30 tight arXiv requests, 2,058
 #: batches after 0.5 s, 2,173 at 0.76 s)
 CONFIGURATION_SHARE = 0.5
-#: share of the time left that packing (total latency, every request there from the start) takes:
+#: share of the time left that packing (total latency) takes:
 #: on 30 tight arXiv requests its CP-SAT model found 14.44 s in 30 s where 120 s of pattern moves
 #: had found 15.14 s
 PACKING_SHARE = 0.75

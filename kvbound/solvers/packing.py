@@ -65,6 +65,9 @@ class Profile:
     prefill_batches: int
     #: run backwards in time (prefill chunks last, KV nonincreasing), as the fits from the end place it
     backward: bool = False
+    #: seconds of work per batch, alone (its batch time less the intercept): what it adds to a batch
+    #: under the linear cost model, at least that with token knees
+    work: np.ndarray | None = None
 
     @property
     def batches(self) -> int:
@@ -77,7 +80,8 @@ class Profile:
         return slice(n - self.prefill_batches, n) if self.backward else slice(0, self.prefill_batches)
 
     def reversed(self) -> Profile:
-        return Profile(self.tokens[::-1], self.kv[::-1], self.prefill_batches, not self.backward)
+        return Profile(self.tokens[::-1], self.kv[::-1], self.prefill_batches, not self.backward,
+                       None if self.work is None else self.work[::-1])
 
     def segments(self) -> list[tuple[int, int]]:
         """(offset, length): each prefill chunk alone, then the decodes SEGMENT at a time."""
@@ -88,8 +92,8 @@ class Profile:
 
 def applies(instance: Instance, constraints: Constraints) -> bool:
     """Packed schedules chunk prefills, mix them with decodes and admit in any order: they serve
-    cases where every request is there from the start and no constraint forbids these."""
-    return (instance.offline and not (constraints.no_chunk or constraints.no_hybrid)
+    cases where no constraint forbids these (with arrivals through `timed_starts`)."""
+    return (not (constraints.no_chunk or constraints.no_hybrid)
             and constraints.max_batch_size is None and constraints.admission_order is None)
 
 
@@ -122,11 +126,12 @@ def profiles(instance: Instance, chunk: int | None = None) -> list[Profile]:
         alone = Instance([type(r)(r.prompt, r.output, 0.0)], instance.system, instance.cost, "alone")
         prefill = [chunk] * (r.prompt // chunk) + ([r.prompt % chunk] if r.prompt % chunk else [])
         tokens = np.array(prefill + [1] * (r.output - 1), dtype=np.int64)
-        held = validate(alone, Schedule(alone.requests, [Batch({0: int(c)}) for c in tokens])).batch_kv
-        kv = np.maximum.accumulate(held.astype(np.int64))
+        replay = validate(alone, Schedule(alone.requests, [Batch({0: int(c)}) for c in tokens]))
+        kv = np.maximum.accumulate(replay.batch_kv.astype(np.int64))
         for j, length in [(j, n) for j, n in Profile(tokens, kv, len(prefill)).segments() if n > 1]:
             kv[j:j + length] = kv[j + length - 1]
-        out.append(Profile(tokens, kv, len(prefill)))
+        work = replay.batch_end - replay.batch_start - instance.cost.intercept
+        out.append(Profile(tokens, kv, len(prefill), work=work))
     return out
 
 
@@ -220,6 +225,49 @@ def batchwise_starts(profiles: list[Profile], system: SystemConfig, order,
         t = _next_with_room(kv, t + 1, M - smallest_first)  # no request starts where its first batch does not fit
         steps += 1
     return starts
+
+
+def timed_starts(profiles: list[Profile], arrivals: np.ndarray, system: SystemConfig, intercept: float, order,
+                 deadline: Deadline | None = None) -> tuple[np.ndarray, float] | None:
+    """`batchwise_starts` with arrivals: batch by batch from the first, on a clock, start every
+    request that has arrived and whose profile fits from there, in `order`; where nothing runs the
+    clock jumps to the next arrival. Batch t's contents are final once the fit has passed it (later
+    starts only add to later batches), so its time, the intercept plus its requests' `Profile.work`,
+    is known there. Answers the starts and the clock at the end (the makespan under the linear cost
+    model; more with token knees), or None if `deadline` passes first."""
+    order = np.asarray(order, dtype=np.int64)
+    lengths = np.array([p.batches for p in profiles], dtype=np.int64)
+    load = _Load(system, 2 * int(lengths.sum()) + 1)
+    work = np.zeros(len(load.kv))
+    M, kv = load.M, load.kv
+    starts = np.zeros(len(profiles), dtype=np.int64)
+    waiting = np.ones(len(order), dtype=bool)
+    arrived = np.asarray(arrivals, dtype=float)[order]
+    first = np.array([p.kv[0] for p in profiles], dtype=np.int64)[order]
+    last = np.array([p.kv[-1] for p in profiles], dtype=np.int64)[order]
+    ordered_lengths = lengths[order]
+    t, clock = 0, 0.0
+    while waiting.any():
+        if deadline is not None and t % 256 == 0 and deadline.expired():
+            return None
+        if not load.tokens[t]:  # nothing runs here: wait for the next arrival if no one is waiting
+            clock = max(clock, float(arrived[waiting].min()))
+        # its first and last batch against the KV held there first: spares the full check of most
+        maybe = waiting & (arrived <= clock) & (kv[t] + first <= M) & (kv[t + ordered_lengths - 1] + last <= M)
+        for i in np.nonzero(maybe)[0]:
+            r = int(order[i])
+            p = profiles[r]
+            if (kv[t:t + p.batches] + p.kv > M).any() or not load.tokens_fit(p, t):
+                continue
+            load.place(p, t)
+            work[t:t + p.batches] += p.work
+            starts[r] = t
+            waiting[i] = False
+        if load.tokens[t]:
+            clock += intercept + work[t]
+        t += 1
+    end = int((starts + lengths).max())
+    return starts, float(clock + intercept * np.count_nonzero(load.tokens[t:end]) + work[t:end].sum())
 
 
 def _next_with_room(kv: np.ndarray, t: int, room: int, window: int = 512) -> int:
@@ -348,13 +396,18 @@ def search_orders(profiles: list[Profile], system: SystemConfig, seeds: dict[str
 
 def packed_schedule(instance: Instance, profiles: list[Profile], starts) -> Schedule:
     """The schedule of these starts: request r's k-th batch of its profile in batch starts[r] + k
-    (batches no request is in are left out)."""
+    (batches no request is in are left out). With arrivals, a batch that starts requests may not
+    start before the last of them arrives (its `start`)."""
     span = max(int(s) + p.batches for s, p in zip(starts, profiles))
     batches: list[dict[int, int]] = [{} for _ in range(span)]
+    released = np.full(span, -np.inf)
     for r, (s, p) in enumerate(zip(starts, profiles)):
         for k, c in enumerate(p.tokens):
             batches[int(s) + k][r] = int(c)
-    return Schedule(instance.requests, [Batch(b) for b in batches if b])
+        released[int(s)] = max(released[int(s)], instance.requests[r].arrival)
+    timed = not instance.offline
+    return Schedule(instance.requests, [Batch(b, start=float(released[t]) if timed and released[t] > -np.inf else None)
+                                        for t, b in enumerate(batches) if b])
 
 
 @dataclass
@@ -370,10 +423,13 @@ def pack(instance: Instance, deadline: Deadline, orders: dict[str, np.ndarray] |
          fewest: int = 0) -> Packing:
     """Both greedy fits in `orders` (and a few of its own), the search over orders from the best of
     each for ORDER_SEARCH_SHARE of the time left, then CP-SAT from the best until `deadline`; both
-    stop at `fewest` batches, a lower bound on every schedule's (none can pack in fewer)."""
+    stop at `fewest` batches, a lower bound on every schedule's (none can pack in fewer). With
+    arrivals, `_pack_arriving`."""
     profs = profiles(instance)
     lengths = np.array([p.batches for p in profs])
     orders = dict(orders or {})
+    if not instance.offline:
+        return _pack_arriving(instance, profs, deadline, orders)
     orders.update({"longest first": np.argsort(-lengths, kind="stable"),
                    "largest prompt first": np.argsort(-instance.prompts, kind="stable"),
                    "largest peak KV first": np.argsort(-np.array([p.kv[-1] for p in profs]), kind="stable")})
@@ -412,6 +468,44 @@ def pack(instance: Instance, deadline: Deadline, orders: dict[str, np.ndarray] |
                       "cpsat_bound": None if found is None else found[2],
                       "cpsat_seconds": round(answer.seconds, 3)})
     return Packing(packed_schedule(instance, profs, best_starts), best_span, stats)
+
+
+def _pack_arriving(instance: Instance, profs: list[Profile], deadline: Deadline, orders: dict[str, np.ndarray]) -> Packing:
+    """Packing with arrivals: `timed_starts` in each of `orders` (and arrival order, longest first
+    and largest peak KV first), then moves that add noise to the best order's ranks (ORDER_NOISE,
+    its spreads in turn), kept when the makespan is no longer, until `deadline` or STALLED_MOVES
+    moves without a gain. The fits from the end and CP-SAT's model have no clock, so they are left out."""
+    lengths = np.array([p.batches for p in profs])
+    orders.update({"arrival": np.argsort(instance.arrivals, kind="stable"),
+                   "longest first": np.argsort(-lengths, kind="stable"),
+                   "largest peak KV first": np.argsort(-np.array([p.kv[-1] for p in profs]), kind="stable")})
+    args = (instance.arrivals, instance.system, instance.cost.intercept)
+    best, best_span, best_order, best_ranks = None, math.inf, "", None
+    for name, order in orders.items():
+        found = timed_starts(profs, *args, order, deadline)
+        if found is None:
+            break
+        if found[1] < best_span:
+            best, best_span, best_order = found[0], found[1], name
+            best_ranks = np.empty(len(order))
+            best_ranks[np.asarray(order)] = np.arange(len(order)) / max(1, len(order))
+    stats = {"greedy_makespan": None if best is None else best_span, "greedy_order": best_order,
+             "greedy_fit": "timed batch by batch"}
+    if best is None:
+        return Packing(None, 0, stats)
+    rng, moves, last_gain = np.random.default_rng(0), 0, 0
+    while not deadline.expired() and moves - last_gain < STALLED_MOVES:
+        ranks = best_ranks + rng.normal(0.0, ORDER_NOISE[moves % len(ORDER_NOISE)], len(best_ranks))
+        found = timed_starts(profs, *args, np.argsort(ranks, kind="stable"), deadline)
+        if found is None:
+            break
+        moves += 1
+        if found[1] < best_span:
+            last_gain = moves
+        if found[1] <= best_span:  # ties too: moves along a plateau
+            best, best_span, best_ranks = found[0], found[1], ranks
+    stats.update({"order_search_makespan": best_span, "order_search_moves": moves})
+    return Packing(packed_schedule(instance, profs, best), int((best + lengths).max()), stats)
 
 
 def _solve_packing_here(payload, at: float, say=None, stop_conn=None, on_start=lambda: None):
