@@ -101,7 +101,11 @@ def run_point(case: str, objective: str, time_limit: float) -> dict:
     elif "search" in stats:
         model = (f"no model, Lagrangian search: {stats.get('lagrangian_passes', 0)} bound passes, "
                  f"{stats.get('patterns_simulated', 0)} admission patterns simulated")
-        if stats.get("packing"):
+        if stats.get("packing") and "greedy_makespan" in stats["packing"]:  # with arrivals: on a clock
+            packing = stats["packing"]
+            model += (f", timed packing {packing['greedy_makespan']:.6g} s (greedy) -> "
+                      f"{packing['order_search_makespan']:.6g} s ({packing['order_search_moves']} moves)")
+        elif stats.get("packing"):
             packing = stats["packing"]
             model += (f", packing {packing['greedy_batches']} batches (greedy)"
                       + (f" -> {packing['order_search_batches']} (search over orders)"

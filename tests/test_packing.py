@@ -16,9 +16,9 @@ from kvbound.schedule import Batch, Schedule, validate
 from kvbound.schedulers import run_scheduler
 from kvbound.solvers import decompose
 from kvbound.solvers.api import satisfies, solve
-from kvbound.solvers.packing import (DECODE_ROOM, FITS, SEGMENT, STALLED_MOVES, Profile, batchwise_starts, chunk_size,
-                                     decode_room, from_the_end, greedy_starts, justified_order, pack, packed_schedule,
-                                     profiles, search_orders, timed_starts)
+from kvbound.solvers.packing import (DECODE_ROOM, FITS, SEGMENT, STALLED_MOVES, TIMED_STALLED_MOVES, Profile,
+                                     batchwise_starts, chunk_size, decode_room, from_the_end, greedy_starts,
+                                     justified_order, pack, packed_schedule, profiles, search_orders, timed_starts)
 from kvbound.costs.presets import PRESETS
 from kvbound.workload import Instance, Request, SystemConfig, load_trace
 
@@ -266,6 +266,16 @@ def test_the_search_over_orders_hands_its_time_on_once_it_stalls():
     *_, moves = search_orders(profs, inst.system, seeds, deadline, np.random.default_rng(0))
     assert STALLED_MOVES <= moves < STALLED_MOVES + 100  # at most a few gains before it stalls
     assert deadline.remaining() > 30.0
+
+
+def test_the_timed_search_hands_its_time_on_once_it_stalls():
+    inst = Instance([Request(40, 8), Request(30, 12, 0.01), Request(20, 4, 0.02)], SystemConfig(64, 64, 64, 4),
+                    PRESETS["llama2-7b-h100"])
+    deadline = Deadline(60.0)
+    found = pack(inst, deadline)
+    assert TIMED_STALLED_MOVES <= found.stats["order_search_moves"] < TIMED_STALLED_MOVES + 30
+    assert deadline.remaining() > 30.0
+    validate(inst, found.schedule)
 
 
 def test_the_fits_give_up_once_the_deadline_has_passed():
