@@ -83,41 +83,14 @@ def test_greedy_jumps_find_the_earliest_fit_and_its_schedule_is_valid(inst, rng)
     assert len(schedule.batches) <= int((starts + [p.batches for p in profs]).max())
 
 
-def batch_by_batch(profiles: list[Profile], system: SystemConfig, order) -> np.ndarray:
-    """The batch-by-batch fit's definition, without its first check: at each batch in turn, every
-    request not yet started that fits from there, in order."""
-    horizon = 2 * sum(p.batches for p in profiles)
-    kv, tokens, prefill = (np.zeros(horizon, dtype=np.int64) for _ in range(3))
-    starts = {}
-    t = 0
-    while len(starts) < len(profiles):
-        for r in order:
-            p = profiles[r]
-            if r not in starts and fits_at(p, system, t, kv, tokens, prefill):
-                place_at(p, t, kv, tokens, prefill)
-                starts[r] = t
-        t += 1
-    return np.array([starts[r] for r in range(len(profiles))])
-
-
-@settings(max_examples=150, deadline=None)
-@given(instances(min_requests=1, max_requests=6, max_prompt=40, max_output=40, block_sizes=(1, 4, 16),
-                 arrivals=False), st.randoms(use_true_random=False))
-def test_batch_by_batch_fit_starts_what_fits_at_each_batch_and_its_schedule_is_valid(inst, rng):
-    profs = profiles(inst)
-    order = list(range(len(inst)))
-    rng.shuffle(order)
-    starts = batchwise_starts(profs, inst.system, order)
-    assert (starts == batch_by_batch(profs, inst.system, order)).all()
-    replay = validate(inst, packed_schedule(inst, profs, starts))  # raises on any broken rule
-    assert replay.evictions.sum() == 0
-
-
-def timed_batch_by_batch(profiles: list[Profile], inst: Instance, order) -> tuple[np.ndarray, float]:
-    """The timed fit's definition: `batch_by_batch` on a clock that adds each batch's time (the
-    intercept and its requests' work alone) once the batch is passed, starting only the requests
-    that have arrived by then, and waiting for the next arrival where nothing runs."""
-    system, a0, arrivals = inst.system, inst.cost.intercept, inst.arrivals
+def batch_by_batch_on_a_clock(profiles: list[Profile], system: SystemConfig, order, arrivals=None,
+                             intercept: float = 0.0) -> tuple[np.ndarray, float]:
+    """The batch-by-batch fits' definition, without their first checks: at each batch in turn, every
+    request not yet started that fits from there, in order; with `arrivals`, on a clock that adds
+    each batch's time (the intercept and its requests' work alone) once the batch is passed,
+    starting only the requests that have arrived by then, and waiting for the next arrival where
+    nothing runs. Answers the starts and the clock at the end."""
+    arrivals = np.zeros(len(profiles)) if arrivals is None else arrivals
     horizon = 2 * sum(p.batches for p in profiles)
     kv, tokens, prefill = (np.zeros(horizon, dtype=np.int64) for _ in range(3))
     work = np.zeros(horizon)
@@ -133,10 +106,28 @@ def timed_batch_by_batch(profiles: list[Profile], inst: Instance, order) -> tupl
                 work[t:t + p.batches] += p.work
                 starts[r] = t
         if tokens[t]:
-            clock += a0 + work[t]
+            clock += intercept + work[t]
         t += 1
-    clock += a0 * np.count_nonzero(tokens[t:]) + work[t:].sum()
+    clock += intercept * np.count_nonzero(tokens[t:]) + work[t:].sum()
     return np.array([starts[r] for r in range(len(profiles))]), clock
+
+
+def batch_by_batch(profiles: list[Profile], system: SystemConfig, order) -> np.ndarray:
+    """`batch_by_batch_on_a_clock`'s starts with every request there from the start."""
+    return batch_by_batch_on_a_clock(profiles, system, order)[0]
+
+
+@settings(max_examples=150, deadline=None)
+@given(instances(min_requests=1, max_requests=6, max_prompt=40, max_output=40, block_sizes=(1, 4, 16),
+                 arrivals=False), st.randoms(use_true_random=False))
+def test_batch_by_batch_fit_starts_what_fits_at_each_batch_and_its_schedule_is_valid(inst, rng):
+    profs = profiles(inst)
+    order = list(range(len(inst)))
+    rng.shuffle(order)
+    starts = batchwise_starts(profs, inst.system, order)
+    assert (starts == batch_by_batch(profs, inst.system, order)).all()
+    replay = validate(inst, packed_schedule(inst, profs, starts))  # raises on any broken rule
+    assert replay.evictions.sum() == 0
 
 
 @settings(max_examples=150, deadline=None)
@@ -147,7 +138,7 @@ def test_the_timed_fit_starts_what_has_arrived_and_fits_and_its_clock_is_the_sch
     order = list(range(len(inst)))
     rng.shuffle(order)
     starts, clock = timed_starts(profs, inst.arrivals, inst.system, inst.cost.intercept, order)
-    expected, expected_clock = timed_batch_by_batch(profs, inst, order)
+    expected, expected_clock = batch_by_batch_on_a_clock(profs, inst.system, order, inst.arrivals, inst.cost.intercept)
     assert (starts == expected).all()
     assert clock == pytest.approx(expected_clock, rel=1e-12)
     replay = validate(inst, packed_schedule(inst, profs, starts))  # raises on a request run before its arrival

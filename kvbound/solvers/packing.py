@@ -254,7 +254,7 @@ def timed_starts(profiles: list[Profile], arrivals: np.ndarray, system: SystemCo
     while waiting.any():
         if deadline is not None and t % 256 == 0 and deadline.expired():
             return None
-        if not load.tokens[t]:  # nothing runs here: wait for the next arrival if no one is waiting
+        if not load.tokens[t]:  # nothing runs here: wait for the next arrival if none is waiting yet
             clock = max(clock, float(arrived[waiting].min()))
         # its first and last batch against the KV held there first: spares the full check of most
         maybe = waiting & (arrived <= clock) & (kv[t] + first <= M) & (kv[t + ordered_lengths - 1] + last <= M)
