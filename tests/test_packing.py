@@ -70,6 +70,7 @@ def test_greedy_jumps_find_the_earliest_fit_and_its_schedule_is_valid(inst, rng)
         held = validate(alone, Schedule(alone.requests, [Batch({0: int(c)}) for c in p.tokens])).batch_kv
         assert int(p.tokens.sum()) == r.prompt + r.output - 1
         assert (p.kv >= held).all() and (np.diff(p.kv) >= 0).all()  # charged at least what it holds, nondecreasing
+        assert (p.work >= 0).all()  # never below 0 by rounding (the timed fit's clock only moves on)
         assert (p.tokens[:p.prefill_batches] <= chunk_size(inst)).all()
         # within a decode segment the charge exceeds what is held by at most the segment's growth
         assert (p.kv - held <= inst.system.blocks(SEGMENT) + inst.system.block_size).all()
@@ -90,6 +91,7 @@ def batch_by_batch_on_a_clock(profiles: list[Profile], system: SystemConfig, ord
     each batch's time (the intercept and its requests' work alone) once the batch is passed,
     starting only the requests that have arrived by then, and waiting for the next arrival where
     nothing runs. Answers the starts and the clock at the end."""
+    timed = arrivals is not None
     arrivals = np.zeros(len(profiles)) if arrivals is None else arrivals
     horizon = 2 * sum(p.batches for p in profiles)
     kv, tokens, prefill = (np.zeros(horizon, dtype=np.int64) for _ in range(3))
@@ -101,7 +103,7 @@ def batch_by_batch_on_a_clock(profiles: list[Profile], system: SystemConfig, ord
             clock = max(clock, min(arrivals[r] for r in order if r not in starts))
         for r in order:
             p = profiles[r]
-            if r not in starts and arrivals[r] <= clock and fits_at(p, system, t, kv, tokens, prefill):
+            if r not in starts and (not timed or arrivals[r] <= clock) and fits_at(p, system, t, kv, tokens, prefill):
                 place_at(p, t, kv, tokens, prefill)
                 work[t:t + p.batches] += p.work
                 starts[r] = t
@@ -212,6 +214,20 @@ def loose_conversation(n: int) -> Instance:
 
 def heuristic_best(inst: Instance) -> float:
     return min(run_scheduler(inst, name).replay.metrics.total_latency for name in ("rank-i", "sjf-mc", "sarathi"))
+
+
+def test_the_fits_from_the_end_match_their_definitions_where_work_rounds_to_zero():
+    """A case hypothesis found: the reversed profiles' prefill work rounds to -7e-15 in a batch,
+    which once moved the reference's clock below 0 and held back a request there."""
+    from itertools import permutations
+
+    from kvbound.costs.model import CostModel
+
+    inst = Instance([Request(1, 1), Request(21, 33), Request(30, 12), Request(1, 1)], SystemConfig(100, 32, 31, 4),
+                    CostModel(intercept=0.5, prefill_attention=0.07))
+    backward = [p.reversed() for p in profiles(inst)]
+    for order in permutations(range(len(inst))):
+        assert (batchwise_starts(backward, inst.system, order) == batch_by_batch(backward, inst.system, order)).all()
 
 
 def test_the_greedy_beats_the_heuristics_when_m_is_tight_and_cpsat_only_improves_it(shared_data):

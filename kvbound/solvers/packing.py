@@ -134,7 +134,7 @@ def profiles(instance: Instance, chunk: int | None = None) -> list[Profile]:
         kv = np.maximum.accumulate(replay.batch_kv.astype(np.int64))
         for j, length in [(j, n) for j, n in Profile(tokens, kv, len(prefill)).segments() if n > 1]:
             kv[j:j + length] = kv[j + length - 1]
-        work = replay.batch_end - replay.batch_start - instance.cost.intercept
+        work = np.maximum(replay.batch_end - replay.batch_start - instance.cost.intercept, 0.0)  # no rounding below 0
         out.append(Profile(tokens, kv, len(prefill), work=work))
     return out
 
