@@ -74,6 +74,11 @@ def _stdout_to_stderr():
         os.close(saved)
 
 
+#: a HiGHS MIP proven optimal with presolve within this share of its time limit is solved again
+#: without presolve, from its solution, and the second answer's bound is the one reported
+CONFIRM_SHARE = 0.25
+
+
 def solve_highs(arrays: ModelArrays, time_limit: float, warm: np.ndarray | None, *, relax: bool = False,
                 verbose: bool = False, gap: float = 1e-9, presolve: bool = True) -> BackendOutcome:
     """HiGHS on the arrays. A MIP solve whose bound ends above the (feasible) warm start, or whose
@@ -163,8 +168,16 @@ def solve_highs(arrays: ModelArrays, time_limit: float, warm: np.ndarray | None,
         retry = f"objective {objective} is not its solution's {own}"
     elif warm is not None and bound_above(bound, warm_obj) and not arrays.check(warm):
         retry = f"bound {bound} above the feasible warm start's {warm_obj}"
+    elif status == "optimal" and presolve and x is not None and seconds < CONFIRM_SHARE * time_limit:
+        # HiGHS 1.16's presolve can also cut off the optimum below a worse warm start (mean latency,
+        # two requests, chain model: "optimal" 0.016103 s, the optimum 0.016071 s): where the
+        # proof was quick, it is confirmed without presolve, starting from the solution found
+        retry, warm = "confirmed without presolve", x
     if retry is not None and presolve and not deadline.expired():
         again = solve_highs(arrays, max(deadline.remaining(), 1.0), warm, verbose=verbose, gap=gap, presolve=False)
+        if again.objective is None or (objective is not None and objective < again.objective and not mismatch):
+            again.x, again.objective = x, objective  # the first solve's schedule is better; only its bound is not trusted
+        again.warm_start_accepted = accepted
         again.stats["presolve_retry"] = f"{retry}: solved again without presolve"
         again.seconds += seconds
         return again
