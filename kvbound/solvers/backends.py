@@ -175,8 +175,9 @@ def solve_highs(arrays: ModelArrays, time_limit: float, warm: np.ndarray | None,
         retry, warm = "confirmed without presolve", x
     if retry is not None and presolve and not deadline.expired():
         again = solve_highs(arrays, max(deadline.remaining(), 1.0), warm, verbose=verbose, gap=gap, presolve=False)
-        if again.objective is None or (objective is not None and objective < again.objective and not mismatch):
+        if not mismatch and objective is not None and (again.objective is None or objective < again.objective):
             again.x, again.objective = x, objective  # the first solve's schedule is better; only its bound is not trusted
+            again.status = "feasible" if again.status == "unknown" else again.status
         again.warm_start_accepted = accepted
         again.stats["presolve_retry"] = f"{retry}: solved again without presolve"
         again.seconds += seconds
