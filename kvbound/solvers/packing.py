@@ -327,9 +327,19 @@ class _Chain:
 
     @classmethod
     def of(cls, order, starts: np.ndarray, lengths: np.ndarray, fit: str) -> _Chain:
-        ranks = np.empty(len(order))
-        ranks[np.asarray(order)] = np.arange(len(order)) / max(1, len(order))
-        return cls(ranks, starts, int((starts + lengths).max()), fit)
+        return cls(_ranks(order), starts, int((starts + lengths).max()), fit)
+
+
+def _ranks(order) -> np.ndarray:
+    """Each request's rank in `order`, in [0, 1) (a move adds noise to them)."""
+    ranks = np.empty(len(order))
+    ranks[np.asarray(order)] = np.arange(len(order)) / max(1, len(order))
+    return ranks
+
+
+def _moved(ranks: np.ndarray, rng: np.random.Generator, moves: int) -> np.ndarray:
+    """`ranks` with normal noise of the ORDER_NOISE spread whose turn it is after `moves` moves."""
+    return ranks + rng.normal(0.0, ORDER_NOISE[moves % len(ORDER_NOISE)], len(ranks))
 
 
 def search_orders(profiles: list[Profile], system: SystemConfig, seeds: dict[str, tuple[np.ndarray, np.ndarray]],
@@ -382,7 +392,7 @@ def search_orders(profiles: list[Profile], system: SystemConfig, seeds: dict[str
                 break
             if chain.span > shortest and rounds % TRAILING_TURN:
                 continue
-            ranks = chain.ranks + rng.normal(0.0, ORDER_NOISE[moves % len(ORDER_NOISE)], len(chain.ranks))
+            ranks = _moved(chain.ranks, rng, moves)
             starts = FITS[fit](profiles, system, np.argsort(ranks, kind="stable"), deadline)
             if starts is None:
                 break
@@ -490,16 +500,14 @@ def _pack_arriving(instance: Instance, profs: list[Profile], deadline: Deadline,
         if found is None:
             break
         if found[1] < best_span:
-            best, best_span, best_order = found[0], found[1], name
-            best_ranks = np.empty(len(order))
-            best_ranks[np.asarray(order)] = np.arange(len(order)) / max(1, len(order))
+            best, best_span, best_order, best_ranks = found[0], found[1], name, _ranks(order)
     stats = {"greedy_makespan": None if best is None else best_span, "greedy_order": best_order,
              "greedy_fit": "timed batch by batch"}
     if best is None:
         return Packing(None, 0, stats)
     rng, moves, last_gain = np.random.default_rng(0), 0, 0
     while not deadline.expired() and moves - last_gain < TIMED_STALLED_MOVES:
-        ranks = best_ranks + rng.normal(0.0, ORDER_NOISE[moves % len(ORDER_NOISE)], len(best_ranks))
+        ranks = _moved(best_ranks, rng, moves)
         found = timed_starts(profs, *args, np.argsort(ranks, kind="stable"), deadline)
         if found is None:
             break
