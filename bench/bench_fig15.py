@@ -15,18 +15,16 @@ import sys
 import time
 from pathlib import Path
 
+from tqdm import tqdm
+
+from kvbound import load_case
+from kvbound.analysis.sweep import ResultsTable
+from kvbound.fileio import write_atomic
+from kvbound.constraints import Constraints
+from kvbound.solvers.options import SolveOptions
+from kvbound.solvers.prove import compare_sets
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from tqdm import tqdm  # noqa: E402
-
-from kvbound import load_case  # noqa: E402
-from kvbound.analysis.sweep import ResultsTable  # noqa: E402
-from kvbound.fileio import write_atomic  # noqa: E402
-from kvbound.formulation.base import Constraints  # noqa: E402
-from kvbound.solvers.options import SolveOptions  # noqa: E402
-from kvbound.solvers.prove import compare_sets  # noqa: E402
-
 RESULTS = ROOT / "bench" / "results"
 FIG15 = [f"cases/fig15/fig15_I{2 ** k}.toml" for k in range(11)]
 COLUMNS = ("case", "I", "time_limit_s", "formulation", "evict_status", "evict_objective_s", "evict_bound_s",

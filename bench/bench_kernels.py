@@ -20,10 +20,9 @@ import argparse
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from kvbound.fileio import write_atomic
 
-from kvbound.fileio import write_atomic  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _median_ms(torch, fn, runs: int = 20) -> float:

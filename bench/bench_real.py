@@ -8,18 +8,23 @@ Per case and objective one point, run in a fresh child process (so that its peak
 `ru_maxrss` of itself and of its CP-SAT children, is its own):
 
 1. the fast heuristics (`kvbound.schedulers.FAST_HEURISTICS`, through
-   `kvbound.solvers.api.heuristic_candidates`), timed on their own: the best one's name and value;
-2. `kvbound.solvers.api.solve_with(instance, SolveOptions(objective, time_limit=...))`, exactly
+   `kvbound.solvers.phases.heuristics.heuristic_candidates`), timed on their own: the best one's name and value;
+2. `kvbound.solvers.solve_with(instance, SolveOptions(objective, time_limit=...))`, exactly
    what `kvbound solve` runs (it runs the heuristics again inside its own time limit): the best
    schedule (value and source), the certified lower bound, the gap (best - bound) / best,
    the status, the formulation or why none was built, seconds used against the limit;
 3. the analytic bounds (`kvbound bound`'s first rows) with the binding one named.
 
 The default time limit is the issue's: 120 s for N <= 100, 300 s for N = 300, 600 s for
-N = 1000; `--time-limit` replaces it for every point. Rows are appended to bench/results/real.csv
-as each point finishes (`kvbound.analysis.sweep.ResultsTable`: an interrupted run loses nothing
-and a re-run skips the finished points; the time limit is part of a point's key), and
-bench/results/real.md is rewritten from the CSV.
+N = 1000; `--time-limit` replaces it for every point. Rows are appended to
+bench/results/runs/real.csv (or `--out`) as each point finishes (`kvbound.analysis.sweep.ResultsTable`:
+an interrupted run loses nothing and a re-run skips the finished points; the time limit is part of a
+point's key), and the .md beside it is rewritten from the CSV.
+
+Every run is a log in bench/results/runs/. The README's table is bench/results/real_rebound.md, made
+by `python bench/real_rebound.py` from the runs listed in bench/results/runs/real_runs.txt: to make a
+new run count there, write it with `--out bench/results/runs/NAME.csv`, append NAME.csv to that list
+and run bench/real_rebound.py again.
 """
 from __future__ import annotations
 
@@ -33,13 +38,12 @@ import sys
 import time
 from pathlib import Path
 
+from kvbound.analysis.sweep import ResultsTable
+from kvbound.fileio import write_atomic
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from kvbound.analysis.sweep import ResultsTable  # noqa: E402
-from kvbound.fileio import write_atomic  # noqa: E402
-
 RESULTS = ROOT / "bench" / "results"
+RUNS = RESULTS / "runs"  # every run's CSV and .md (the run logs)
 CASES = ROOT / "bench" / "cases_real"
 TRACES = ("splitwise_conv", "splitwise_code", "arxiv")
 SIZES = (30, 100, 300, 1000)
@@ -71,11 +75,10 @@ def _key(row) -> tuple:
 
 def run_point(case: str, objective: str, time_limit: float) -> dict:
     from kvbound import interrupt, load_case
-    from kvbound.formulation.base import Constraints
-    from kvbound.formulation.bounds import analytic_bounds
+    from kvbound.bounds.analytic import analytic_bounds
     from kvbound.objective import Objective
-    from kvbound.schedulers import FAST_HEURISTICS
-    from kvbound.solvers.api import SolveOptions, heuristic_candidates, solve_with
+    from kvbound.solvers import SolveOptions, solve_with
+    from kvbound.solvers.phases.heuristics import heuristic_candidates
 
     path = Path(case)
     inst = load_case(path)
@@ -85,13 +88,13 @@ def run_point(case: str, objective: str, time_limit: float) -> dict:
            "objective": objective, "time_limit_s": f"{time_limit:g}", "machine": MACHINE,
            "load_before": f"{os.getloadavg()[0]:.2f}"}
     t0 = time.perf_counter()
-    cands = heuristic_candidates(inst, list(FAST_HEURISTICS), Constraints())
+    cands = heuristic_candidates(inst, SolveOptions(obj))
     row["heuristics_s"] = f"{time.perf_counter() - t0:.2f}"
     heur = [c for c in cands if c.name != "serial"] or cands
     if heur:
         best_h = min(heur, key=lambda c: obj.of(c.metrics))
         row["best_heuristic"], row["best_heuristic_value"] = best_h.name, f"{obj.of(best_h.metrics):.9g}"
-    bounds = analytic_bounds(inst, objective)
+    bounds = analytic_bounds(inst, obj)
     top = max(bounds, key=lambda b: b.value)
     row["analytic_bound"], row["binding_bound"] = f"{top.value:.9g}", top.name
     res = solve_with(inst, SolveOptions(objective, time_limit=time_limit))
@@ -115,16 +118,9 @@ def run_point(case: str, objective: str, time_limit: float) -> dict:
         model = f"stopped: {stats['stopped']}"
     else:
         model = f"{(res.model or {}).get('variables', '?')} variables, J = {res.horizon}"
-    solver_bound = res.solver_bound
-    lagrangian = stats.get("lagrangian_bound")
-    if lagrangian is not None and lagrangian >= top.value * (1 + 1e-9):
-        variant = stats.get("lagrangian_variant")
-        row["binding_bound"] = f"Lagrangian{', ' + variant if variant else ''} ({stats['lagrangian_passes']} passes)"
-    config = (stats.get("configuration_lp") or {}).get("bound")
-    if config is not None and config >= max(top.value, lagrangian or -math.inf) * (1 + 1e-9):
-        row["binding_bound"] = f"configuration LP ({stats['configuration_lp']['batches']} batches)"
-    if res.bound_certified and math.isfinite(solver_bound) and solver_bound >= top.value * (1 + 1e-9):
-        row["binding_bound"] = f"{res.solver} {res.formulation} MILP bound"
+    binding = max((b for b in res.bounds if b.certified and math.isfinite(b.value)), key=lambda b: b.value, default=None)
+    if binding is not None and binding.value >= top.value * (1 + 1e-9):  # an analytic one keeps its own name
+        row["binding_bound"] = f"{binding.name} ({binding.note})" if binding.note else binding.name
     row.update({
         "best_value": "" if res.objective is None else f"{res.objective:.9g}", "best_source": res.source,
         "lower_bound": f"{res.lower_bound:.9g}", "certified": str(res.bound_certified),
@@ -143,14 +139,13 @@ def run_point(case: str, objective: str, time_limit: float) -> dict:
 def run_child(case: Path, objective: str, time_limit: float) -> dict:
     """The point in a fresh interpreter; a crash or overrun becomes a row that says so."""
     cmd = [sys.executable, __file__, "--point", str(case), objective, f"{time_limit:g}"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     meta = parse_name(case.stem) or {}
     base = {**dict.fromkeys(COLUMNS, ""), **meta, "case": case.stem, "objective": objective,
             "time_limit_s": f"{time_limit:g}", "machine": MACHINE, "load_before": f"{os.getloadavg()[0]:.2f}"}
     t0 = time.perf_counter()
     try:
         # the whole point: heuristics once outside the solve (at most the limit again) + the solve
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3 * time_limit + 120)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3 * time_limit + 120)
     except subprocess.TimeoutExpired:
         return {**base, "status": "killed", "error": f"overran {3 * time_limit + 120:g} s",
                 "seconds": f"{time.perf_counter() - t0:.2f}"}
@@ -293,10 +288,10 @@ def main(argv=None) -> int:
     ap.add_argument("--regimes", default="tight,loose")
     ap.add_argument("--arrivals", default="t0,arr")
     ap.add_argument("--cases", default=str(CASES), help="folder built by bench/real_cases.py")
-    ap.add_argument("--out", default=str(RESULTS / "real.csv"))
+    ap.add_argument("--out", default=str(RUNS / "real.csv"))
     ap.add_argument("--header", default=None,
-                    help="a file whose text heads the .md (default: bench/results/real_header.md for the default --out)")
-    ap.add_argument("--report-only", action="store_true", help="only rewrite real.md from every row of the CSV")
+                    help="a file whose text heads the .md (default: bench/results/runs/real_header.md for the default --out)")
+    ap.add_argument("--report-only", action="store_true", help="only rewrite the .md beside --out from every row of the CSV")
     args = ap.parse_args(argv)
     split = lambda s: [x for x in s.split(",") if x]  # noqa: E731
     traces, objectives = split(args.traces), split(args.objectives)
@@ -321,8 +316,8 @@ def main(argv=None) -> int:
         table.append([row])  # on disk before the next point starts
         print(f"[{k}/{len(todo)}] {p[0].stem} {p[1]} limit {p[2]:g}: {row['status']} gap {row['gap']} "
               f"in {time.time() - t0:.1f} s (load {os.getloadavg()[0]:.2f})", file=sys.stderr, flush=True)
-    if args.header is None and out.resolve() == (RESULTS / "real.csv").resolve():
-        args.header = str(RESULTS / "real_header.md")
+    if args.header is None and out.resolve() == (RUNS / "real.csv").resolve():
+        args.header = str(RUNS / "real_header.md")
     header = (Path(args.header).read_text(encoding="utf-8").rstrip("\n").splitlines()
               if args.header and Path(args.header).is_file() else
               ["# Realistic benchmark", "", f"`python bench/bench_real.py`; {MACHINE}. See bench/bench_real.py."])

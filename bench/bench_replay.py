@@ -34,11 +34,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from kvbound.fileio import write_atomic
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from kvbound.fileio import write_atomic  # noqa: E402
-
 RESULTS = ROOT / "bench" / "results"
 TARGETS = {"cpu": (0.05, 0.10, None), "cuda": (0.03, 0.055, 0.12)}  # total, mean per batch, max per batch
 _SCHEDULES_PREFIX = "kvbound-replay-schedules-"

@@ -7,7 +7,7 @@ Runs each scheduler on the case (default: all 19,366 requests of
 C = 4096, preset llama2-7b-a100), timing separately (time.perf_counter)
 
 * simulate: `kvbound.run_scheduler` (the policy plus the semantics applied batch by batch),
-* validate: the schedule's JSON round trip (`to_json`, `Schedule.from_json`) and a full
+* validate: the schedule's JSON round trip (`to_json`, `schedule_from_json`) and a full
   replay with `kvbound.validate`, as `kvbound simulate` does before it reports,
 
 and writes bench/results/simulator.md (a Markdown table) and simulator.csv beside it,
@@ -26,13 +26,12 @@ import sys
 import time
 from pathlib import Path
 
+from kvbound import load_case, run_scheduler, validate
+from kvbound.errors import SchedulerRefused
+from kvbound.fileio import write_atomic
+from kvbound.io.schedules import schedule_from_json
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from kvbound import Schedule, load_case, run_scheduler, validate  # noqa: E402
-from kvbound.errors import SchedulerRefused  # noqa: E402
-from kvbound.fileio import write_atomic  # noqa: E402
-
 DEFAULT_CASE = ROOT / "cases" / "splitwise_conv_full.toml"
 # sarathi is the target; the vLLM presets are tried as asked (they refuse prompts longer than C = 4096,
 # which this trace has), and `vllm:chunked=true` is vLLM's priority rule with chunked prefill, which accepts it.
@@ -55,7 +54,7 @@ def bench_one(instance, spec: str) -> dict:
         row["simulate_s"] = f"{time.perf_counter() - t0:.3f}"
         return row
     t1 = time.perf_counter()
-    replay = validate(instance, Schedule.from_json(result.schedule.to_json()))
+    replay = validate(instance, schedule_from_json(result.schedule.to_json()))
     t2 = time.perf_counter()
     m = replay.metrics
     # the simulator's own replay and the validator's must agree

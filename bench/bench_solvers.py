@@ -15,18 +15,17 @@ import os
 import sys
 from pathlib import Path
 
+from tqdm import tqdm
+
+from kvbound import load_case, run_scheduler
+from kvbound.analysis.sweep import ResultsTable
+from kvbound.fileio import write_atomic
+from kvbound.formulation import FORMULATION_KINDS, MODEL_LIMIT
+from kvbound.formulation.horizon import horizon_for
+from kvbound.objective import Objective
+from kvbound.solvers import solve
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from tqdm import tqdm  # noqa: E402
-
-from kvbound import load_case, run_scheduler  # noqa: E402
-from kvbound.analysis.sweep import ResultsTable  # noqa: E402
-from kvbound.fileio import write_atomic  # noqa: E402
-from kvbound.formulation import FORMULATION_KINDS  # noqa: E402
-from kvbound.formulation.base import horizon_for  # noqa: E402
-from kvbound.solvers.api import MODEL_LIMIT, solve  # noqa: E402
-
 RESULTS = ROOT / "bench" / "results"
 FIG15 = [f"cases/fig15/fig15_I{2 ** k}.toml" for k in range(11)]
 MIXES = ["cases/mix46/siso_liso.toml", "cases/mix46/siso_liso_32.toml"]
@@ -47,7 +46,7 @@ def run_point(case: str, objective: str, formulation: str, backend: str, time_li
     if formulation in SKIP:
         limit, what = SKIP[formulation]
         ub = min(run_scheduler(inst, s).replay.metrics.total_latency for s in ("vllm-ef", "sarathi-pc-ef"))
-        size = FORMULATION_KINDS[formulation].size(inst, horizon_for(inst, objective, ub, True, True)[0])
+        size = FORMULATION_KINDS[formulation].size(inst, horizon_for(inst, Objective(objective), ub, True, True)[0])
         if size > limit:
             return {**dict.fromkeys(COLUMNS, ""), "case": case, "requests": len(inst), "objective": objective,
                     "formulation": formulation, "backend": backend, "time_limit_s": time_limit,

@@ -20,11 +20,10 @@ import statistics
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from bench_kernels import copy_bandwidth  # bench_kernels.py lies beside this script (its folder is importable)
+from kvbound.fileio import write_atomic
 
-from bench_kernels import copy_bandwidth  # noqa: E402 (bench/ is the script's folder)
-from kvbound.fileio import write_atomic  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def measure(shape, requests: int, cached: int, steps: int, graphs: bool, device: str = "cuda") -> tuple[float, float]:

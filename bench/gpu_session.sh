@@ -7,7 +7,7 @@
 # In order, each step limited to what is left of SECONDS (default 500): the decode step
 # (bench/bench_step.py), the decode-attention bandwidth (bench/bench_kernels.py), a profile of the
 # executor, its calibration, a replay of each schedule against that calibration, and last the
-# executor and kernel tests on CUDA. Everything lands in $OUT (default bench/results/gpu/): log.txt,
+# executor and kernel tests on CUDA. Everything lands in $OUT (default bench/results/runs/gpu/): log.txt,
 # step.md, kernels.md, profile.csv, cost.toml, replays.jsonl (one `kvbound replay --json` object per
 # schedule, with its name) and tests.txt. A failing step is logged and the next one runs.
 # SKIP="decode-step kernels tests" leaves those steps out; FLAGS="--no-graphs" goes to profile and replay.
@@ -19,10 +19,11 @@ while (($#)); do
 done
 case_file=${cases[0]}
 schedules=("${cases[@]:1}")
-OUT=${OUT:-bench/results/gpu}
+OUT=${OUT:-bench/results/runs/gpu}
 DEVICE=${DEVICE:-cuda} SHAPE=${SHAPE:-llama-2-7b}  # DEVICE=cpu SHAPE=tiny: a dry run of the flow
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
+# the GPU machine runs the checkout as it is (kvbound not pip-installed there): the package from the repository root
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 start=$(date +%s)
 log=$OUT/log.txt

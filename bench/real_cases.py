@@ -36,11 +36,9 @@ import os
 import sys
 from pathlib import Path
 
+from kvbound.io.traces import load_trace
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from kvbound.workload import load_trace  # noqa: E402
-
 TRACES_DIR = ROOT.parent / "shared" / "data" / "traces"
 TRACES = {  # short name -> (file, has arrival times)
     "splitwise_conv": ("splitwise_conv.csv", True),

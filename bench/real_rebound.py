@@ -1,12 +1,13 @@
 """Re-bound finished benchmark rows: the same best schedules against the library's current bounds.
 
-    python bench/real_rebound.py                    # the runs in bench/results/real_runs.txt -> real_rebound.md
+    python bench/real_cases.py                      # the cases first (bench/cases_real/, git-ignored; reads ../shared/data)
+    python bench/real_rebound.py                    # the runs in bench/results/runs/real_runs.txt -> bench/results/real_rebound.md
     python bench/real_rebound.py A.csv B.csv --out F.md
 
 Where several CSVs hold the same case and objective, the row of the last one named counts (a
 later run of that point), so listing the runs oldest first gives the current figure per case
-(real_runs.txt lists every benchmark run of the suite that way; append a new run at its end); the
-output ends with the median and largest gap per objective, N and arrivals.
+(runs/real_runs.txt lists every benchmark run of the suite that way, by file name in runs/; append
+a new run at its end); the output ends with the median and largest gap per objective, N and arrivals.
 
 A certified lower bound depends on the case alone, so a bound added after a benchmark ran applies
 to that run's schedules too: per row (case, objective) this recomputes `analytic_bounds` (the
@@ -23,24 +24,24 @@ import statistics
 import sys
 from pathlib import Path
 
+from kvbound import load_case
+from kvbound.deadline import Deadline
+from kvbound.alone import minimum_work
+from kvbound.bounds.analytic import analytic_bounds
+from kvbound.bounds.configuration_lp import configuration_batches
+from kvbound.objective import Objective
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from kvbound import load_case  # noqa: E402
-from kvbound.deadline import Deadline  # noqa: E402
-from kvbound.formulation.bounds import analytic_bounds, minimum_work  # noqa: E402
-from kvbound.solvers.configuration_lp import configuration_batches  # noqa: E402
-
 CASES = ROOT / "bench" / "cases_real"
 RESULTS = ROOT / "bench" / "results"
-RUNS = RESULTS / "real_runs.txt"
+RUNS = RESULTS / "runs" / "real_runs.txt"  # the run logs (bench/bench_real.py --out) lie beside it
 #: the configuration LP's time per total-latency row (it converges in 0.1-12 s on the suite's cases)
 CONFIGURATION_SECONDS = 60.0
 
 
 def rebound(row: dict, cases: Path) -> dict:
     inst = load_case(cases / f"{row['case']}.toml")
-    bounds = [(b.value, b.name) for b in analytic_bounds(inst, row["objective"])]
+    bounds = [(b.value, b.name) for b in analytic_bounds(inst, Objective(row["objective"]))]
     if row["objective"] == "total_latency":  # the configuration LP's batch count (converges in seconds)
         config = configuration_batches(inst, Deadline(CONFIGURATION_SECONDS))
         bounds.append((config.batches * inst.cost.intercept + minimum_work(inst),

@@ -7,7 +7,8 @@ from .costs import CostModel
 from .errors import InputError, KvboundError
 from .schedule import Batch, Metrics, Schedule, ScheduleError, validate
 from .schedulers import SCHEDULERS, get_scheduler, run_scheduler, simulate
-from .workload import Instance, Request, SystemConfig, load_case, load_trace
+from .io import load_case, load_trace
+from .workload import Instance, Request, SystemConfig
 
 __version__ = "0.1.0"
 

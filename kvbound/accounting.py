@@ -2,22 +2,44 @@
 
 * `is_decode_type`: which processing requests are decode-type (section 3);
 * `block_count`, `round_to_blocks`: KV charged in whole blocks (section 4);
-* `account_batch`: a batch's six cost features (section 6), its prefill-type tokens (the P
+* `account_batch`: a batch's cost features (section 6, `FEATURES`), its prefill-type tokens (the P
   rule) and the KV its processing requests add (the M rule); `BatchAccount.time` is its time;
 * `largest_batch_time`: an upper bound on the time of any valid batch.
 
 The validator and the simulator (`ReplayState.apply`), the schedulers, the executor and the
 formulations count batches with these. This module imports nothing else from kvbound (the
-cost model and the system only arrive as arguments), so anything may import it.
+cost model and the system only arrive as arguments, `BatchCost` and `Limits`), so anything may
+import it.
 """
 from __future__ import annotations
 
 from collections.abc import Container, Mapping, Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple, Protocol
 
-if TYPE_CHECKING:
-    from .costs import CostModel
-    from .workload import SystemConfig
+#: the features of a batch the cost model weighs, in its coefficients' order (the intercept's is 1
+#: for a batch that processes anything)
+FEATURES = (
+    "intercept",
+    "per_token",
+    "decode_kv",
+    "prefill_attention",
+    "prefill_kv",
+    "per_prefill_request",
+)
+
+
+class BatchCost(Protocol):
+    """What accounting needs of a cost model (`kvbound.costs.CostModel`)."""
+
+    def batch_time(self, tokens: int, decode_kv: int, prefill_attention: int, prefill_kv: int,
+                   prefill_requests: int) -> float: ...
+
+
+class Limits(Protocol):
+    """What accounting needs of the system limits (`kvbound.workload.SystemConfig`)."""
+
+    kv_capacity: int
+    max_batch_tokens: int
 
 
 def block_count(tokens, block: int):
@@ -50,11 +72,11 @@ class BatchAccount(NamedTuple):
 
     @property
     def features(self) -> tuple:
-        """The six features of `kvbound.costs.FEATURES`; all 0 for a batch that processes nothing."""
+        """The batch's `FEATURES`; all 0 for a batch that processes nothing."""
         return (1.0 if self.tokens else 0.0, self.tokens, self.decode_kv, self.prefill_attention,
                 self.prefill_kv, self.prefill_requests)
 
-    def time(self, cost: CostModel) -> float:
+    def time(self, cost: BatchCost) -> float:
         return cost.batch_time(self.tokens, self.decode_kv, self.prefill_attention, self.prefill_kv,
                                self.prefill_requests)
 
@@ -95,13 +117,13 @@ def account_batch(tokens: Mapping[int, int], cached: Sequence[int] | Mapping[int
     return BatchAccount(tok, decode_kv, attention, prefill_kv, prefill_requests, prefill_tokens, kv, overdrawn)
 
 
-def largest_batch_time(system: SystemConfig, cost: CostModel, n_requests: int) -> float:
+def largest_batch_time(system: Limits, cost: BatchCost, n_requests: int) -> float:
     """An upper bound on the time of any valid batch of an instance with `n_requests` requests.
 
     A batch processes at most C tokens, its requests hold at most M cached tokens together (the
     M rule), so sum c^2 + 2 m c <= C^2 + 2 M C, and each prefill-type request processes >= 1
-    token, so there are at most min(N, C) of them; the convex token term is largest at C tokens.
+    token, so there are at most min(N, C) of them; every feature's coefficient is >= 0, and the
+    convex token term is largest at C tokens.
     """
     C, M = system.max_batch_tokens, system.kv_capacity
-    return cost.kink_time(C) + (cost.intercept + cost.per_token * C + cost.decode_kv * M + cost.prefill_attention * (C * C + 2.0 * M * C)
-            + cost.prefill_kv * M + cost.per_prefill_request * min(n_requests, C))
+    return cost.batch_time(C, M, C * C + 2 * M * C, M, min(n_requests, C))

@@ -45,6 +45,12 @@ class Deadline:
         child.at = min(self.at, child.started + child.limit)
         return child
 
+    def shifted(self, seconds: float) -> "Deadline":
+        """The same deadline `seconds` later (earlier if negative), for a grace or a margin."""
+        child = Deadline(None, clock=self._clock)
+        child.started, child.limit, child.at = self.started, self.limit + seconds, self.at + seconds
+        return child
+
     @contextlib.contextmanager
     def enforced(self):
         """Within: `Stopped` is raised when this deadline passes (SIGALRM; main thread, real clock) or

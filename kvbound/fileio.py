@@ -1,13 +1,17 @@
-"""The one atomic file writer: write beside the target, flush to disk, rename.
+"""Files and streams: the one atomic file writer (write beside the target, flush to disk, rename),
+the checks of user paths, and native code's stdout kept off kvbound's own.
 
 Readers never see half a file, and a failed write leaves neither the target changed nor a
 temporary file behind.
 """
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
 import os
 import stat
+import sys
 import tempfile
 from pathlib import Path
 
@@ -134,3 +138,22 @@ def save_figure_atomic(fig, path: str | Path, **savefig_kwargs) -> Path:
     fmt = path.suffix.lstrip(".").lower() or None
     fig.savefig(buffer, format=fmt, **savefig_kwargs)
     return write_atomic(path, buffer.getvalue())
+
+
+@contextlib.contextmanager
+def native_stdout_to_stderr():
+    """Send what native code (a solver library) writes to file descriptor 1 to 2 meanwhile: `--json`
+    keeps stdout for the JSON."""
+    sys.stdout.flush()
+    try:
+        saved = os.dup(1)
+    except OSError:  # no stdout at all: nothing to protect
+        yield
+        return
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        ctypes.CDLL(None).fflush(None)  # the C library's buffered stdout, written while redirected
+        os.dup2(saved, 1)
+        os.close(saved)

@@ -22,6 +22,8 @@ import threading
 
 #: exit statuses: 128 + the signal number, as shells report them
 EXIT_STATUS = {signal.SIGINT: 130, signal.SIGTERM: 143}
+#: seconds a stopped solver (an interrupt) gets to hand back its best before it is killed or abandoned
+STOP_GRACE = 1.0
 
 
 class Stopped(BaseException):

@@ -6,16 +6,13 @@ through it, and the MILP and the executor are tested against it.
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
-from .accounting import account_batch, round_to_blocks
+from .accounting import FEATURES, account_batch, round_to_blocks
 from .errors import InputError, KvboundError
-from .fileio import read_user_text, write_json_atomic
 from .workload import Instance, Request
 
 _TIME_EPS = 1e-9
@@ -55,6 +52,8 @@ class Batch:
 
 @dataclass
 class Schedule:
+    """The requests and the batches that serve them; `to_json` is the file form (read back by `kvbound.io.schedules`)."""
+
     requests: tuple[Request, ...]
     batches: list[Batch] = field(default_factory=list)
 
@@ -66,76 +65,6 @@ class Schedule:
             ],
             "batches": [b.to_json() for b in self.batches],
         }
-
-    def dump(self, path: str | Path) -> None:
-        write_json_atomic(path, self.to_json())
-
-    @classmethod
-    def from_json(cls, data, source: str = "<schedule>") -> "Schedule":
-        if not isinstance(data, dict):
-            raise InputError(source, "", "a schedule must be a JSON object")
-        for key in data:
-            if key not in ("requests", "batches"):
-                raise InputError(source, key, "unknown key; allowed: requests, batches")
-        requests = []
-        for k, where, r in _json_objects(source, data, "requests"):
-            if r.get("id", k) != k:
-                raise InputError(source, f"{where}.id", f"must be {k} (ids are 0-based positions)")
-            for key in ("prompt", "output"):
-                v = r.get(key)
-                if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                    raise InputError(source, f"{where}.{key}", f"must be an integer >= 1, got {v!r}")
-            a = r.get("arrival", 0.0)
-            if not isinstance(a, (int, float)) or isinstance(a, bool) or not math.isfinite(a) or a < 0:
-                raise InputError(source, f"{where}.arrival", f"must be a finite number >= 0, got {a!r}")
-            requests.append(Request(r["prompt"], r["output"], float(a)))
-        batches = []
-        for _, where, b in _json_objects(source, data, "batches"):
-            for key in b:
-                if key not in ("start", "tokens", "evict"):
-                    raise InputError(source, f"{where}.{key}", "unknown key; allowed: start, tokens, evict")
-            start = b.get("start")
-            if start is not None and (not isinstance(start, (int, float)) or isinstance(start, bool)
-                                      or not math.isfinite(start) or start < 0):
-                raise InputError(source, f"{where}.start", f"must be a finite number >= 0, got {start!r}")
-            tokens_raw = b.get("tokens", {})
-            if not isinstance(tokens_raw, dict):
-                raise InputError(source, f"{where}.tokens", "must be an object {\"<id>\": tokens}")
-            tokens = {}
-            for key, c in tokens_raw.items():
-                try:
-                    i = int(key)
-                except ValueError:
-                    raise InputError(source, f"{where}.tokens", f"request id {key!r} is not an integer") from None
-                if not isinstance(c, int) or isinstance(c, bool):
-                    raise InputError(source, f"{where}.tokens.{key}", f"must be an integer, got {c!r}")
-                tokens[i] = c
-            evict = b.get("evict", [])
-            if not isinstance(evict, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in evict):
-                raise InputError(source, f"{where}.evict", "must be a list of request ids")
-            batches.append(Batch(tokens, tuple(evict), None if start is None else float(start)))
-        return cls(tuple(requests), batches)
-
-    @classmethod
-    def load(cls, path: str | Path) -> "Schedule":
-        path = Path(path)
-        try:
-            data = json.loads(read_user_text(path))
-        except json.JSONDecodeError as exc:
-            raise InputError(str(path), "", f"malformed JSON: {exc}") from None
-        return cls.from_json(data, str(path))
-
-
-def _json_objects(source: str, data: dict, key: str):
-    """(position, location for messages, object) of each entry of the list `data[key]`."""
-    entries = data.get(key)
-    if not isinstance(entries, list):
-        raise InputError(source, key, "missing or not a list")
-    for k, entry in enumerate(entries):
-        where = f"{key}[{k}]"
-        if not isinstance(entry, dict):
-            raise InputError(source, where, "must be an object")
-        yield k, where, entry
 
 
 # --------------------------------------------------------------------------- metrics
@@ -160,7 +89,7 @@ class Metrics:
     p99_ttft: float
     p50_tpot: float
     p99_tpot: float
-    # issue 16 (beside the keys above, a contract from then on)
+    # the papers' metrics (beside the keys above, also a contract)
     p95_ttft: float = 0.0
     mean_tbt: float = 0.0  # over every gap between consecutive tokens of a request, all requests pooled
     p99_tbt: float = 0.0
@@ -220,7 +149,7 @@ class Replay:
     batch_start: np.ndarray  # per batch (every batch in the schedule, empty ones included)
     batch_end: np.ndarray
     batch_kv: np.ndarray  # KV tokens in use during the batch (blocks rounded)
-    batch_features: np.ndarray  # (batches, 6): the cost model's features
+    batch_features: np.ndarray  # (batches, len(FEATURES)): the cost model's features
     request_p99_tbt: np.ndarray  # per request: the 99th percentile of its token gaps (0 when O = 1)
 
     @property
@@ -446,7 +375,7 @@ class ReplayState:
         request_p99_tbt = _grouped_percentile(gaps, np.array(self.gap_requests, dtype=np.int64), len(outputs), 99)
         return Replay(metrics, arrivals, completion, first, np.array(self.evictions),
                       np.array(self.starts), np.array(self.ends), np.array(self.kv_trace, dtype=np.int64),
-                      np.array(self.features, dtype=float).reshape(-1, 6), request_p99_tbt)
+                      np.array(self.features, dtype=float).reshape(-1, len(FEATURES)), request_p99_tbt)
 
 
 def check_requests_match(instance: Instance, schedule: Schedule) -> None:

@@ -65,3 +65,15 @@ def write_file(tmp_path):
         return path
 
     return write
+
+
+@pytest.fixture
+def tiny_auto_limits(monkeypatch):
+    """`--formulation auto` finds no model small enough (every model's auto limit 10 variables): the search runs."""
+    from dataclasses import replace
+
+    from kvbound.formulation import FORMULATION_KINDS
+
+    for name, kind in list(FORMULATION_KINDS.items()):
+        if kind.auto_limit:
+            monkeypatch.setitem(FORMULATION_KINDS, name, replace(kind, auto_limit=10))

@@ -18,7 +18,6 @@ from hypothesis import strategies as st
 from kvbound import SCHEDULERS, Batch, CostModel, Instance, Request, ScheduleError, SystemConfig, validate
 from kvbound.accounting import (BatchAccount, account_batch, block_count, is_decode_type, largest_batch_time,
                                 round_to_blocks)
-from kvbound.costs import batch_features
 from kvbound.errors import SchedulerRefused, SchedulerStuck
 from kvbound.schedule import ReplayState, Schedule
 from kvbound.schedulers import run_scheduler
@@ -136,12 +135,6 @@ def test_an_empty_batch_costs_nothing():
     assert account == BatchAccount(0, 0, 0, 0, 0, 0, 0, False)
     assert account.features == (0.0,) * 6
     assert account.time(CostModel(intercept=1.0)) == 0.0
-
-
-def test_costs_batch_features_is_the_same_formula():
-    flags = [True, False, False]
-    assert batch_features([9, 0, 5], [1, 4, 3], flags).tolist() == \
-        list(account_batch({0: 1, 1: 4, 2: 3}, [9, 0, 5], [1, 0, 0], [9, 4, 8]).features)
 
 
 # ------------------------------------------------------------------ block rounding

@@ -11,12 +11,14 @@ import json
 
 import pytest
 
-from kvbound import SCHEDULERS, Schedule, load_case, run_scheduler, validate
+from kvbound import SCHEDULERS, load_case, run_scheduler, validate
 from kvbound.analysis.compare import ROW_KEYS, TABLE_KEYS, compare
 from kvbound.analysis.interop import from_precomputed, to_precomputed
 from kvbound.analysis.roles import DECODE, EVICT, PREFILL, schedule_roles
 from kvbound.errors import SchedulerRefused
-from kvbound.formulation.bounds import analytic_bounds
+from kvbound.objective import Objective
+from kvbound.bounds.analytic import analytic_bounds
+from kvbound.io.schedules import schedule_from_json
 from tests.conftest import FIG15_TINY as FIG15
 from tests.oracle import brute_force
 
@@ -86,7 +88,7 @@ def assert_one_error_line(rc, out, err, status=2):
 
 def independent_metrics(instance, scheduler: str) -> dict:
     sim = run_scheduler(instance, scheduler)
-    return validate(instance, Schedule.from_json(json.loads(json.dumps(sim.schedule.to_json())))).metrics.to_dict()
+    return validate(instance, schedule_from_json(json.loads(json.dumps(sim.schedule.to_json())))).metrics.to_dict()
 
 
 def gap(value, reference):
@@ -118,7 +120,7 @@ def test_compare_json_is_the_validators_metrics_and_gaps(cli, case, objective):
     assert data["objective_name"] == objective
     assert data["best_known"] == min(values.values())
     assert data["bound_certified"] is True
-    analytic = max(b.value for b in analytic_bounds(instance, objective))
+    analytic = max(b.value for b in analytic_bounds(instance, Objective(objective)))
     assert analytic <= data["lower_bound"] <= opt * (1 + 1e-9)
     for name, r in rows.items():
         assert r["gap_to_bound"] == pytest.approx(gap(values[name], data["lower_bound"]), abs=1e-12)
@@ -132,7 +134,7 @@ def test_compare_without_solve_uses_the_analytic_bound(case):
     table = compare(instance, "all")
     assert [r.scheduler for r in table.rows] == list(SCHEDULERS)
     assert table.solve_result is None
-    assert table.lower_bound == max(b.value for b in analytic_bounds(instance, "total_latency"))
+    assert table.lower_bound == max(b.value for b in analytic_bounds(instance, Objective.TOTAL_LATENCY))
     assert table.bound_certified is True
     served = [r for r in table.rows if r.metrics is not None]
     assert len(served) >= 10
@@ -210,7 +212,7 @@ def test_compare_on_a_shipped_case_proves_the_paper_s_optimum(cli):
 
 def test_roles_follow_the_semantics_worked_example(case):
     instance = load_case(case(WORKED))
-    sr = schedule_roles(instance, Schedule.from_json({"requests": [
+    sr = schedule_roles(instance, schedule_from_json({"requests": [
         {"prompt": 3, "output": 3}, {"prompt": 2, "output": 2}, {"prompt": 2, "output": 1, "arrival": 6.0}],
         **WORKED_SCHEDULE}))
     # docs/semantics.md section 13: batch 1 is D, P (r1's last prompt token is a chunk); r1 refills in batch 3
@@ -267,7 +269,7 @@ def test_schedule_chart_every_mode(case, monkeypatch):
 
 def test_precomputed_form_of_the_worked_example(case):
     instance = load_case(case(WORKED))
-    sched = Schedule.from_json({"requests": [{"prompt": 3, "output": 3}, {"prompt": 2, "output": 2},
+    sched = schedule_from_json({"requests": [{"prompt": 3, "output": 3}, {"prompt": 2, "output": 2},
                                              {"prompt": 2, "output": 1, "arrival": 6.0}], **WORKED_SCHEDULE})
     data = to_precomputed(instance, sched)
     assert data["requests"] == [[3, 3], [2, 2], [2, 1]]

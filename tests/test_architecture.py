@@ -15,14 +15,14 @@ from kvbound import Batch, CostModel, Instance, Request, Schedule, SystemConfig,
 from kvbound.deadline import Deadline
 from kvbound.errors import InputError, KvboundError
 from kvbound.fileio import write_atomic, write_json_atomic
+from kvbound.backends import BACKENDS
+from kvbound.constraints import Constraints
 from kvbound.formulation import FORMULATION_KINDS
-from kvbound.formulation.base import Constraints
 from kvbound.formulation.model import Model
 from kvbound.objective import OBJECTIVES, Objective
 from kvbound.schedule import validate
-from kvbound.solvers.api import FORMULATIONS, solve, solve_with
-from kvbound.solvers.backends import BACKENDS
-from kvbound.solvers.options import SolveOptions
+from kvbound.solvers import solve, solve_with
+from kvbound.solvers.options import FORMULATIONS, SolveOptions
 from tests.conftest import REPO
 
 CASE = REPO / "cases" / "evict_better.toml"
@@ -98,9 +98,13 @@ def test_every_formulation_kind_builds_its_model_and_estimates_its_size():
         assert estimate > 0
         # the estimate is of the model's order (it sizes "auto" and the memory guard)
         assert form.model.n_cols / 20 <= estimate <= 20 * form.model.n_cols
-    assert FORMULATIONS == ("auto", "chain", "network", "bigm", "lagrangian")
+    assert FORMULATIONS == ("auto", "chain", "network", "bigm", "search", "lagrangian")
     assert {k.name for k in FORMULATION_KINDS.values() if k.folds_evict_only} == {"chain", "network"}
     assert {k.name for k in FORMULATION_KINDS.values() if k.fixes_admission_order} == {"bigm"}
+    # "auto" picks the first kind within its limit that can express the constraints
+    assert [k.name for k in FORMULATION_KINDS.values() if k.auto_limit] == ["chain", "bigm"]
+    assert not FORMULATION_KINDS["chain"].expresses(Constraints(admission_order=(1, 0)))
+    assert FORMULATION_KINDS["bigm"].expresses(Constraints(admission_order=(1, 0)))
 
 
 def test_batches_needed_folds_evict_only_batches_in_state_networks():
@@ -201,8 +205,34 @@ def test_atomic_writer_replaces_whole_files_and_leaves_nothing_behind(tmp_path):
 
 # ------------------------------------------------------------------------------ the module graph
 
+#: kvbound's layers, lowest first: a module imports only from its own layer or lower ones (by prefix)
+LAYERS = (
+    ("kvbound.errors", "kvbound.accounting", "kvbound.objective", "kvbound.interrupt", "kvbound.deadline",
+     "kvbound.fileio", "kvbound.progress"),  # foundations
+    ("kvbound.costs", "kvbound.workload", "kvbound.alone", "kvbound.schedule", "kvbound.constraints", "kvbound.io",
+     "kvbound.generate", "kvbound.cpsat_process", "kvbound.kernels"),  # the domain, its files, the CP-SAT child
+    ("kvbound.schedulers",),  # heuristics, the simulator, packing, schedule rewrites
+    ("kvbound.formulation", "kvbound.bounds", "kvbound.backends"),  # models, bounds, solver backends
+    ("kvbound.solvers",),  # the solve driver and its phases
+    ("kvbound.analysis", "kvbound.engine_bridge"),  # compare, sweeps, plots; the executor
+    ("kvbound.cli", "kvbound"),  # the command line; the package's own exports
+)
+
+
+def _layer(module: str) -> int:
+    """The layer of `module` (the longest matching prefix)."""
+    best = (-1, -1)
+    for k, prefixes in enumerate(LAYERS):
+        for prefix in prefixes:
+            if module == prefix or module.startswith(prefix + "."):
+                best = max(best, (len(prefix), k))
+    assert best[1] >= 0, f"{module} is in no layer: add it to LAYERS"
+    return best[1]
+
+
 def _import_graph() -> nx.DiGraph:
-    """kvbound's modules and every import between them, deferred (in-function) imports included."""
+    """kvbound's modules and every import between them: deferred (in-function) imports and imports under
+    `if TYPE_CHECKING:` included (a type is a dependency too)."""
     root = REPO / "kvbound"
     modules = {}
     for path in root.rglob("*.py"):
@@ -214,13 +244,7 @@ def _import_graph() -> nx.DiGraph:
     graph.add_nodes_from(modules)
     for name, path in modules.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        tree = ast.parse(path.read_text())
-        # imports under `if TYPE_CHECKING:` never run: annotations only
-        typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
-                       and getattr(block.test, "id", None) == "TYPE_CHECKING" for n in ast.walk(block)}
-        for node in ast.walk(tree):
-            if id(node) in typing_only:
-                continue
+        for node in ast.walk(ast.parse(path.read_text())):
             targets = []
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
@@ -235,6 +259,12 @@ def _import_graph() -> nx.DiGraph:
                 if t in modules and t != name:
                     graph.add_edge(name, t)
     return graph
+
+
+def test_the_import_graph_sees_type_checking_and_deferred_imports():
+    graph = _import_graph()
+    assert graph.has_edge("kvbound.bounds.base", "kvbound.schedule")  # under `if TYPE_CHECKING:`
+    assert graph.has_edge("kvbound.schedulers.base", "kvbound.errors")  # inside a function
 
 
 def test_no_import_cycle_between_kvbound_modules():
@@ -253,13 +283,21 @@ def test_no_library_module_imports_the_cli():
     assert offenders == []
 
 
+def test_every_import_goes_down_the_layers():
+    # e.g. bounds/ and schedulers/ never import the solve driver; accounting imports nothing of kvbound
+    graph = _import_graph()
+    upward = [(a, b) for a, b in graph.edges if not b.startswith(a + ".") and _layer(b) > _layer(a)]
+    assert upward == []
+    assert list(graph.successors("kvbound.accounting")) == []
+
+
 # ------------------------------------------------------------------------------ schedule transforms
 
 def test_completion_under_no_chunk_evicts_only_requests_it_can_refill():
     # found by hypothesis (test_warm_start_of_heuristic_schedules): after the first tokens both requests
     # hold KV and neither can decode; request 2 (S = 6 > min(P, C) = 5) can never be refilled in one
     # chunk, so request 0 must be the one evicted, or the completion fails
-    from kvbound.formulation.base import complete_schedule, first_token_prefix
+    from kvbound.schedulers.rewrite import complete_schedule, first_token_prefix
 
     inst = Instance((Request(1, 4), Request(4, 1), Request(4, 3)), SystemConfig(8, 5, 5, 1), CostModel(1.0, 0.1, 0.01, 0.001))
     batches = [Batch({0: 1, 1: 4}), Batch({0: 1, 2: 4}), Batch({2: 1, 0: 1})]

@@ -6,10 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from kvbound import SCHEDULERS, Schedule, load_case, run_scheduler, validate
+from kvbound import SCHEDULERS, load_case, run_scheduler, validate
 from kvbound.costs import PRESETS
 from kvbound.errors import SchedulerRefused
 from kvbound.generate import FIG15_PROMPTS, MIX46_GROUPS, MIX46_PAIRS
+from kvbound.io.schedules import schedule_from_json
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = ROOT / "cases"
@@ -106,7 +107,7 @@ def test_every_scheduler_runs_and_validates_or_refuses(path, scheduler):
         assert scheduler in str(exc) and str(exc).strip()
         return
     data = json.loads(json.dumps(result.schedule.to_json()))  # the JSON round trip
-    replay = validate(inst, Schedule.from_json(data))
+    replay = validate(inst, schedule_from_json(data))
     m, sim = replay.metrics, result.replay.metrics
     assert m.batches == sim.batches and m.evictions == sim.evictions
     assert m.total_latency == pytest.approx(sim.total_latency, rel=1e-12)

@@ -6,8 +6,9 @@ import json
 import pytest
 
 from kvbound import SCHEDULERS
-from kvbound.schedule import METRIC_KEYS, Schedule, validate
-from kvbound.workload import load_case
+from kvbound.io.cases import load_case
+from kvbound.io.schedules import schedule_from_json
+from kvbound.schedule import METRIC_KEYS, validate
 
 from .conftest import REPO
 
@@ -48,7 +49,7 @@ def test_simulate_json(cli, scheduler):
     instance = load_case(EXAMPLE)
     _check_schedule_shape(data["schedule"], instance)
     # the metrics are the replay of the printed schedule
-    replay = validate(instance, Schedule.from_json(data["schedule"]))
+    replay = validate(instance, schedule_from_json(data["schedule"]))
     assert replay.metrics.to_dict() == data["metrics"]
     m = data["metrics"]
     assert m["batches"] == sum(1 for b in data["schedule"]["batches"] if b["tokens"])

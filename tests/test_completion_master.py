@@ -21,11 +21,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvbound.formulation.bounds import request_minimum_work
-from kvbound.formulation.completion_master import MasterBound
-from kvbound.formulation.lagrangian import LagrangianBound
+from kvbound.alone import least_work
+from kvbound.bounds.completion_master import MasterBound
+from kvbound.bounds.lagrangian import LagrangianBound
 from kvbound.schedulers import get_scheduler, simulate
-from kvbound.solvers.api import solve
+from kvbound.objective import Objective
+from kvbound.solvers import solve
 from kvbound.costs import PRESETS
 from kvbound.workload import Instance, Request, SystemConfig
 from tests.oracle import brute_force
@@ -76,10 +77,10 @@ def test_master_alone_is_a_completion_order_bound():
     # least the k-th completion's least work summed over k (each done request's work is done before
     # it); its count never drops below nu while batches remain
     inst = conv_like()
-    bound = MasterBound(inst, "mean_latency", 60)
+    bound = MasterBound(inst, Objective.MEAN_LATENCY, 60)
     zeros = np.zeros(bound.H)
     pricing, count, work = bound.price(zeros, zeros, zeros, zeros)
-    works = np.sort([request_minimum_work(r, inst.cost) for r in inst.requests])
+    works = np.sort([least_work(r, inst.cost) for r in inst.requests])
     assert pricing.value >= np.cumsum(works).sum() / len(inst) * (1 - 1e-12)
     running = count > 0  # batches before the master's last
     assert running[0] and (count[running] >= bound.nu[:bound.H][running]).all()
@@ -106,10 +107,10 @@ def test_master_beats_batch_sharing_on_prefill_heavy_requests_and_the_search_rep
     inst = code_like()
     horizon = 80
     target = simulate(inst, get_scheduler("sjf-mc")).replay.metrics.mean_latency
-    sharing = best_after(LagrangianBound(inst, "mean_latency", horizon).iterate(target), 300)
-    master = best_after(MasterBound(inst, "mean_latency", horizon).iterate(target), 300)
+    sharing = best_after(LagrangianBound(inst, Objective.MEAN_LATENCY, horizon).iterate(target), 300)
+    master = best_after(MasterBound(inst, Objective.MEAN_LATENCY, horizon).iterate(target), 300)
     assert master > sharing * 1.05
-    res = solve(inst, "mean_latency", time_limit=6.0, formulation="lagrangian")
+    res = solve(inst, Objective.MEAN_LATENCY, time_limit=6.0, formulation="lagrangian")
     variants = res.stats["lagrangian_variants"]
     assert variants["completion master"]["passes"] >= 1
     assert res.lower_bound >= variants["completion master"]["bound"] * (1 - 1e-12)
@@ -117,13 +118,13 @@ def test_master_beats_batch_sharing_on_prefill_heavy_requests_and_the_search_rep
 
 
 def test_the_lower_bound_gets_its_share_of_the_time_once_the_first_has_warmed_up():
-    # the search's turns (decompose._Turns), driven by simulated passes: batch sharing creeps up
+    # the race's turns (bounds.race.Turns), driven by simulated passes: batch sharing creeps up
     # without stalling, the master's passes take twice as long and its bound overtakes late
+    from kvbound.bounds.race import FOLLOWER_SHARE, STALLED_PASSES, Member, Turns
     from kvbound.deadline import Deadline
-    from kvbound.solvers.decompose import FOLLOWER_SHARE, STALLED_PASSES, _Track, _Turns
 
-    sharing, master = _Track("batch sharing", None, None), _Track("completion master", None, None)
-    tracks, turns = [sharing, master], _Turns(Deadline(None))
+    sharing, master = Member("batch sharing", None), Member("completion master", None)
+    tracks, turns = [sharing, master], Turns(Deadline(None))
     overtakes = STALLED_PASSES + 1500
 
     def run(passes: int) -> dict:
@@ -150,9 +151,9 @@ def test_the_lower_bound_gets_its_share_of_the_time_once_the_first_has_warmed_up
     spent = run(1000)
     assert spent["batch sharing"] / sum(spent.values()) == pytest.approx(FOLLOWER_SHARE, abs=0.02)
     # on a slow machine the time shares from half the time on, whatever the passes
-    first, second = _Track("batch sharing", None, None), _Track("completion master", None, None)
+    first, second = Member("batch sharing", None), Member("completion master", None)
     clock = [0.0]
-    turns = _Turns(Deadline(10.0, clock=lambda: clock[0]))
+    turns = Turns(Deadline(10.0, clock=lambda: clock[0]))
     assert turns.next([first, second]) == (first, False)
     clock[0] = 5.0
     assert turns.next([first, second])[1] and first.passes < STALLED_PASSES

@@ -8,7 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from kvbound.costs import FEATURES, PRESETS, CostModel, batch_features
+from kvbound.accounting import account_batch
+from kvbound.costs import FEATURES, PRESETS, CostModel
 from kvbound.schedule import Batch, ReplayState
 from kvbound.workload import Instance, Request, SystemConfig
 
@@ -75,24 +76,24 @@ def test_batch_time_formula_term_by_term():
 
 def test_batch_time_of_an_empty_batch_is_zero():
     assert COST.batch_time(0, 0, 0, 0, 0) == 0.0
-    assert batch_features([], [], []).tolist() == [0.0] * 6
+    assert account_batch({}, [], [], []).features == (0.0,) * len(FEATURES)
 
 
 def test_batch_features_split_decode_and_prefill():
-    # a decode with m = 9, a first prefill of 4, a chunk of 3 after m = 5 (prefill-type)
-    feats = batch_features([9, 0, 5], [1, 4, 3], [True, False, False])
+    # a decode with m = 9 (n = 1), a first prefill of 4, a chunk of 3 after m = 5 (prefill-type: n = 0)
+    feats = np.array(account_batch({0: 1, 1: 4, 2: 3}, [9, 0, 5], [1, 0, 0], [9, 4, 8]).features)
     assert feats.tolist() == [1.0, 8.0, 9.0, 16 + 9 + 2 * 5 * 3, 5.0, 2.0]
     assert COST.coefficients @ feats == pytest.approx(COST.batch_time(8, 9, 55, 5, 2))
     assert list(FEATURES) == ["intercept", "per_token", "decode_kv", "prefill_attention", "prefill_kv",
                               "per_prefill_request"]
 
 
-def test_replay_charges_the_same_features_as_batch_features():
+def test_replay_charges_the_features_of_account_batch():
     inst = Instance((Request(4, 3), Request(6, 2)), SystemConfig(100, 100), COST)
     st = ReplayState(inst)
     st.apply(Batch({0: 4, 1: 2}))  # two first prefills (one chunked)
     end = st.apply(Batch({0: 1, 1: 4}))  # r0 decodes with m = 4; r1 finishes its prompt with m = 2
-    expected = batch_features([4, 2], [1, 4], [True, False])
+    expected = np.array(account_batch({0: 1, 1: 4}, [4, 2], [1, 0], [4, 6]).features)
     assert np.array(st.features[-1]) == pytest.approx(expected)
     assert end - st.starts[-1] == pytest.approx(COST.coefficients @ expected)
     assert end - st.starts[-1] == pytest.approx(2 + 0.5 * 5 + 0.25 * 4 + 0.125 * (16 + 16) + 0.0625 * 2 + 3)

@@ -12,8 +12,9 @@ import pytest
 
 from kvbound.costs import CostModel
 from kvbound.costs.calibrate import FEATURE_COLUMNS, TIME_COLUMN, calibrate
+from kvbound.io.cases import load_case, load_cost_file
+from kvbound.io.schedules import dump_schedule, load_schedule
 from kvbound.schedulers import run_scheduler
-from kvbound.workload import load_case, load_cost_file
 
 from .conftest import REPO
 
@@ -140,7 +141,7 @@ def test_profile_writes_features_and_times(cli, tmp_path):
 def schedule_file(tmp_path):
     inst = load_case(REPO / "cases" / "evict_better.toml")
     path = tmp_path / "s.json"
-    run_scheduler(inst, "vllm").schedule.dump(path)
+    dump_schedule(run_scheduler(inst, "vllm").schedule, path)
     return path
 
 
@@ -158,7 +159,7 @@ def test_replay_json_contract(cli, tmp_path, schedule_file):
     measured = np.array([b["measured"] for b in data["per_batch"]])
     assert (measured > 0).all()
     # predictions are the case's own cost model (llama2-7b-a100 preset) on the batches' features
-    replay = __import__("kvbound").validate(load_case(case), __import__("kvbound").Schedule.load(schedule_file))
+    replay = __import__("kvbound").validate(load_case(case), load_schedule(schedule_file))
     assert predicted.sum() == pytest.approx(replay.metrics.total_latency)
     assert data["predicted_total"] == pytest.approx(predicted.sum()) and data["measured_total"] == pytest.approx(measured.sum())
     rel = np.abs(predicted - measured) / measured

@@ -23,17 +23,22 @@ from hypothesis import strategies as st
 from kvbound import Batch, CostModel, Instance, Request, Schedule, ScheduleError, SystemConfig, validate
 from kvbound.costs import PRESETS
 from kvbound.errors import SchedulerRefused, SchedulerStuck
-from kvbound.formulation.base import Constraints, first_token_prefix, horizon_for, stops_at_first_tokens
+from kvbound.alone import minimum_work, time_alone
+from kvbound.bounds.analytic import analytic_bounds
+from kvbound.bounds.kv_items import dff_batches, min_batches
+from kvbound.bounds.lp_relaxation import lp_bound
+from kvbound.constraints import Constraints
+from kvbound.deadline import Deadline
 from kvbound.formulation.bigm import build_bigm
-from kvbound.formulation.bounds import analytic_bounds, dff_batches, min_batches, minimum_work, own_time_lower_bound
-from kvbound.objective import OBJECTIVES
-from kvbound.formulation.model import Model
 from kvbound.formulation.chain import build_chain
+from kvbound.formulation.horizon import horizon_for
+from kvbound.formulation.model import Model
 from kvbound.formulation.network import build_network
+from kvbound.formulation.units import tick_for
+from kvbound.objective import Objective
 from kvbound.schedule import ReplayState
 from kvbound.schedulers import SCHEDULERS, run_scheduler
-from kvbound.solvers.api import _tick_for, objective_value, satisfies
-from kvbound.solvers.relaxation import lp_bound
+from kvbound.schedulers.rewrite import first_token_prefix
 from tests.oracle import brute_force
 
 #: cost models: round decimals; all six terms (dyadic); every batch 1 s; the shipped A100 preset;
@@ -82,7 +87,7 @@ def met_constraints(draw, instance: Instance, schedule: Schedule, objective: str
     """Hypothesis constraints drawn among those the (valid) schedule meets."""
     flags = {}
     for name in ("no_evict", "no_chunk", "no_hybrid"):
-        if draw(st.booleans()) and satisfies(instance, schedule, Constraints(**{name: True})):
+        if draw(st.booleans()) and Constraints(**{name: True}).admit(instance, schedule):
             flags[name] = True
     if draw(st.booleans()):
         flags["max_batch_size"] = max((len(bt.tokens) for bt in schedule.batches), default=1) + draw(st.integers(0, 1))
@@ -91,7 +96,7 @@ def met_constraints(draw, instance: Instance, schedule: Schedule, objective: str
     if draw(st.booleans()):
         flags["objective_cap"] = value * draw(st.sampled_from([1.0, 1.5]))
     cons = Constraints(**flags)
-    assert satisfies(instance, schedule, cons), cons
+    assert cons.admit(instance, schedule), cons
     return cons
 
 
@@ -110,7 +115,7 @@ def model_objective(form, arrays, x) -> float:
 def processing_batches(instance, schedule, objective, constraints) -> list[Batch]:
     """The batches the model has to hold: up to the last first token when it stops there."""
     batches = schedule.batches
-    if stops_at_first_tokens(objective, constraints):
+    if constraints.stops_at_first_tokens(objective):
         batches = first_token_prefix(instance, batches)
     return batches
 
@@ -124,7 +129,7 @@ SETTINGS = settings(max_examples=250, deadline=None, suppress_health_check=[Heal
 def check_warm_start(inst: Instance, schedule: Schedule, objective: str, cons: Constraints) -> None:
     """The warm-start point of a valid schedule meeting `cons`: feasible, exact objective, extracts back."""
     replay = validate(inst, schedule)
-    value = objective_value(replay.metrics, objective)
+    value = Objective(objective).of(replay.metrics)
     J, certified, _ = horizon_for(inst, objective, value, allow_evict=not cons.no_evict)
     assert certified
     # the horizon derived from a schedule's own value admits that schedule
@@ -142,7 +147,7 @@ def check_warm_start(inst: Instance, schedule: Schedule, objective: str, cons: C
     # the point describes the schedule: extract gives it back (re-timed by the arrivals), valid, same metrics
     back = form.extract(x)
     again = validate(inst, back)
-    assert objective_value(again.metrics, objective) == pytest.approx(value, rel=1e-9, abs=1e-12)
+    assert Objective(objective).of(again.metrics) == pytest.approx(value, rel=1e-9, abs=1e-12)
     if not form.free_end:
         got, want = again.metrics.to_dict(), replay.metrics.to_dict()
         assert got == pytest.approx(want, rel=1e-9, abs=1e-12)
@@ -152,10 +157,10 @@ def check_warm_start(inst: Instance, schedule: Schedule, objective: str, cons: C
     # the part the model holds meets the constraints (the completion after the first tokens does not
     # always: test_solvers.py::test_mean_ttft_completion_meets_the_constraints)
     held = Schedule(inst.requests, processing_batches(inst, back, objective, cons))
-    assert satisfies(inst, held, Constraints(**{**cons.__dict__, "objective_cap": None}))
+    assert cons.admit(inst, held)
 
     # integer (CP-SAT) model: coefficients floored in ticks, so the objective is at most the exact one
-    tick = _tick_for(inst, J)
+    tick = tick_for(inst, J)
     iform = build_bigm(inst, objective, J, cons, tick=tick)
     iarrays = iform.model.finalize()
     xi = iform.warm_start(schedule)
@@ -226,30 +231,30 @@ def random_schedule(draw, inst: Instance, allow_evict: bool, max_steps: int = 10
 
 
 @SETTINGS
-@given(inst=instances(), scheduler=st.sampled_from(sorted(SCHEDULERS)), objective=st.sampled_from(OBJECTIVES),
+@given(inst=instances(), scheduler=st.sampled_from(sorted(SCHEDULERS)), objective=st.sampled_from(list(Objective)),
        data=st.data())
 def test_warm_start_of_heuristic_schedules(inst, scheduler, objective, data):
     schedule = heuristic_schedule(inst, scheduler)
-    value = objective_value(validate(inst, schedule).metrics, objective)
+    value = Objective(objective).of(validate(inst, schedule).metrics)
     check_warm_start(inst, schedule, objective, met_constraints(data.draw, inst, schedule, objective, value))
 
 
 @SETTINGS
-@given(inst=instances(), objective=st.sampled_from(OBJECTIVES), allow_evict=st.booleans(), data=st.data())
+@given(inst=instances(), objective=st.sampled_from(list(Objective)), allow_evict=st.booleans(), data=st.data())
 def test_warm_start_of_random_schedules(inst, objective, allow_evict, data):
     schedule = random_schedule(data.draw, inst, allow_evict)
-    value = objective_value(validate(inst, schedule).metrics, objective)
+    value = Objective(objective).of(validate(inst, schedule).metrics)
     check_warm_start(inst, schedule, objective, met_constraints(data.draw, inst, schedule, objective, value))
 
 
-@pytest.mark.parametrize("objective", OBJECTIVES)
+@pytest.mark.parametrize("objective", list(Objective))
 def test_warm_start_of_the_worked_example(objective):
     # docs/semantics.md section 13: evictions, a chunk, a decode, an idle jump to an arrival
     inst = Instance((Request(3, 3), Request(2, 2), Request(2, 1, 6.0)), SystemConfig(6, 4),
                     CostModel(intercept=1.0, per_token=0.1, decode_kv=0.01, prefill_attention=0.001))
     sched = Schedule(inst.requests, [Batch({0: 3, 1: 1}), Batch({0: 1, 1: 1}), Batch({0: 1}, (1,)),
                                      Batch({1: 3}), Batch({2: 2}, (), 6.0)])
-    expected = {"total_latency": 7.204, "mean_latency": 10.079 / 3, "mean_ttft": 5.257 / 3}[objective]
+    expected = {Objective.TOTAL_LATENCY: 7.204, Objective.MEAN_LATENCY: 10.079 / 3, Objective.MEAN_TTFT: 5.257 / 3}[objective]
     for J in (5, 9):
         form = build_bigm(inst, objective, J)
         arrays = form.model.finalize()
@@ -269,7 +274,7 @@ def test_a_point_off_the_schedule_breaks_a_row():
     inst = Instance((Request(3, 3), Request(2, 2)), SystemConfig(6, 4),
                     CostModel(intercept=1.0, per_token=0.1, decode_kv=0.01, prefill_attention=0.001))
     sched = run_scheduler(inst, "sarathi").schedule
-    form = build_bigm(inst, "total_latency", 8)
+    form = build_bigm(inst, Objective.TOTAL_LATENCY, 8)
     arrays = form.model.finalize()
     x = form.warm_start(sched)
     assert arrays.check(x) == []
@@ -285,7 +290,7 @@ def test_warm_start_keeps_an_idle_jump_written_as_an_empty_batch(builder):
     inst = Instance((Request(2, 1), Request(2, 1, 5.0)), SystemConfig(4, 4), PRESETS["unit-batches"])
     sched = Schedule(inst.requests, [Batch({0: 2}), Batch({}, (), 5.0), Batch({1: 2})])
     assert validate(inst, sched).metrics.total_latency == 6.0
-    form = builder(inst, "total_latency", 3)
+    form = builder(inst, Objective.TOTAL_LATENCY, 3)
     arrays = form.model.finalize()
     x = form.warm_start(sched)
     assert arrays.check(x) == []
@@ -307,7 +312,7 @@ def test_repeated_entries_of_a_row_are_summed():
 # ------------------------------------------------------------------------------ horizons
 
 @settings(max_examples=100, deadline=None)
-@given(inst=instances(max_requests=3, max_prompt=4, max_output=3), objective=st.sampled_from(OBJECTIVES),
+@given(inst=instances(max_requests=3, max_prompt=4, max_output=3), objective=st.sampled_from(list(Objective)),
        allow_evict=st.booleans())
 def test_horizon_admits_an_optimal_schedule(inst, objective, allow_evict):
     # J from the optimum itself must hold the (an) optimal schedule
@@ -326,12 +331,12 @@ def test_horizon_admits_an_optimal_schedule(inst, objective, allow_evict):
 
 def test_horizon_grows_with_the_upper_bound():
     inst = Instance((Request(3, 3), Request(2, 2)), SystemConfig(6, 4), PRESETS["unit-batches"])
-    for objective in OBJECTIVES:
+    for objective in Objective:
         js = [horizon_for(inst, objective, ub)[0] for ub in (3.0, 5.0, 8.0, 13.0)]
         assert js == sorted(js) and js[-1] > js[0]
     # every batch costs 1 s: a total latency of 6 s allows 6 processing batches (12 with evict-only batches)
-    assert horizon_for(inst, "total_latency", 6.0, allow_evict=False)[0] == 6
-    assert horizon_for(inst, "total_latency", 6.0, allow_evict=True)[0] >= 6
+    assert horizon_for(inst, Objective.TOTAL_LATENCY, 6.0, allow_evict=False)[0] == 6
+    assert horizon_for(inst, Objective.TOTAL_LATENCY, 6.0, allow_evict=True)[0] >= 6
 
 
 # ------------------------------------------------------------------------------ bounds
@@ -349,28 +354,28 @@ def test_work_and_per_request_bounds_hold_for_every_schedule(inst, scheduler):
     for i in range(len(inst)):
         latency = replay.completion[i] - replay.arrivals[i]
         ttft = replay.first_token[i] - replay.arrivals[i]
-        assert latency >= own_time_lower_bound(inst, i) * (1 - 1e-9) - 1e-12
-        assert ttft >= own_time_lower_bound(inst, i, True) * (1 - 1e-9) - 1e-12
-    for objective in OBJECTIVES:
-        value = objective_value(replay.metrics, objective)
+        assert latency >= time_alone(inst, Objective.TOTAL_LATENCY)[i] * (1 - 1e-9) - 1e-12
+        assert ttft >= time_alone(inst, Objective.MEAN_TTFT)[i] * (1 - 1e-9) - 1e-12
+    for objective in Objective:
+        value = Objective(objective).of(replay.metrics)
         for b in analytic_bounds(inst, objective):
             assert b.certified and b.value <= value * (1 + 1e-9) + 1e-12, (objective, b)
 
 
 @settings(max_examples=80, deadline=None)
 @given(inst=instances(min_requests=1, max_requests=3, max_prompt=4, max_output=3),
-       objective=st.sampled_from(OBJECTIVES))
+       objective=st.sampled_from(list(Objective)))
 def test_analytic_bounds_never_exceed_the_brute_force_optimum(inst, objective):
     opt = brute_force(inst, objective)
     bounds = analytic_bounds(inst, objective)
     assert bounds and all(b.name and b.seconds >= 0 for b in bounds)
     for b in bounds:
         assert b.value <= opt.value * (1 + 1e-9) + 1e-12, (b, opt.value)
-    if objective == "total_latency":
+    if objective == Objective.TOTAL_LATENCY:
         assert min_batches(inst) * inst.cost.intercept + minimum_work(inst) <= opt.value * (1 + 1e-9) + 1e-12
         assert validate(inst, opt.schedule).metrics.batches >= min_batches(inst)
-    per_request = [own_time_lower_bound(inst, i, objective == "mean_ttft") for i in range(len(inst))]
-    if objective != "total_latency":
+    per_request = [time_alone(inst, Objective.MEAN_TTFT if objective == Objective.MEAN_TTFT else Objective.TOTAL_LATENCY)[i] for i in range(len(inst))]
+    if objective != Objective.TOTAL_LATENCY:
         assert sum(per_request) / len(inst) <= opt.value * (1 + 1e-9) + 1e-12
     else:
         assert max(r.arrival + t for r, t in zip(inst.requests, per_request)) <= opt.value * (1 + 1e-9) + 1e-12
@@ -378,10 +383,10 @@ def test_analytic_bounds_never_exceed_the_brute_force_optimum(inst, objective):
 
 @settings(max_examples=50, deadline=None)
 @given(inst=instances(min_requests=1, max_requests=2, max_prompt=3, max_output=3, costs=("round", "all-terms", "unit")),
-       objective=st.sampled_from(OBJECTIVES))
+       objective=st.sampled_from(list(Objective)))
 def test_lp_relaxation_never_exceeds_the_brute_force_optimum(inst, objective):
     opt = brute_force(inst, objective)
-    b = lp_bound(inst, objective, opt.value, time_limit=20)
+    b = lp_bound(inst, objective, opt.value, Deadline(20))
     assert b.certified
     assert math.isfinite(b.value)
     assert b.value <= opt.value * (1 + 1e-7) + 1e-9, (b, opt.value)
@@ -404,17 +409,17 @@ def test_dual_feasible_batch_count_on_the_figure_15_family(I):
 def test_release_bound_counts_the_batches_of_a_late_burst():
     # one request at 0, then three at t = 10 that each fill M = 4 alone: whatever runs before 10,
     # the burst needs three batches after it (13 s); the other bounds see 10 + 1 s or 4 batches
-    from kvbound.formulation.bounds import release_bound
+    from kvbound.bounds.analytic import release_bound
 
     reqs = (Request(1, 1),) + (Request(4, 1, 10.0),) * 3
     inst = Instance(reqs, SystemConfig(4, 64, 64, 1), CostModel(intercept=1.0))
     assert release_bound(inst) == (13.0, 10.0)
-    bounds = {b.name: b.value for b in analytic_bounds(inst, "total_latency")}
+    bounds = {b.name: b.value for b in analytic_bounds(inst, Objective.TOTAL_LATENCY)}
     assert max(bounds.values()) == 13.0 and sorted(bounds.values())[-2] < 13.0
-    assert brute_force(inst, "total_latency").value == 13.0
+    assert brute_force(inst, Objective.TOTAL_LATENCY).value == 13.0
     # offline, the release bound is the batch bound itself: it is not listed
     offline = Instance(tuple(Request(r.prompt, r.output) for r in reqs), inst.system, inst.cost)
-    assert len(analytic_bounds(offline, "total_latency")) == 2
+    assert len(analytic_bounds(offline, Objective.TOTAL_LATENCY)) == 2
 
 
 def test_completion_order_bound_counts_a_late_burst_from_its_arrival():
@@ -423,9 +428,9 @@ def test_completion_order_bound_counts_a_late_burst_from_its_arrival():
     # they give 11, 12, 13 s, and the bound is the optimum
     reqs = (Request(1, 1),) + (Request(4, 1, 10.0),) * 3
     inst = Instance(reqs, SystemConfig(4, 64, 64, 1), CostModel(intercept=1.0))
-    opt = brute_force(inst, "mean_latency").value
+    opt = brute_force(inst, Objective.MEAN_LATENCY).value
     assert opt == pytest.approx(1.75)
-    assert max(b.value for b in analytic_bounds(inst, "mean_latency")) == pytest.approx(opt)
+    assert max(b.value for b in analytic_bounds(inst, Objective.MEAN_LATENCY)) == pytest.approx(opt)
 
 
 def test_pairwise_work_waits_see_a_prefill_arriving_during_another():
@@ -433,17 +438,17 @@ def test_pairwise_work_waits_see_a_prefill_arriving_during_another():
     # take 5, 2 and 2 s. Of r0 and a late one, whichever finishes last waits for the other's work
     # still to do: the late one for at least 4 - 2 s of r0's, or r0 for its 1 s; of r1 and r2, one
     # waits 1 s for the other. Mean >= (9 + 3) / 3 = 4, where the other bounds stay below
-    from kvbound.formulation.bounds import pairwise_work_waits
+    from kvbound.bounds.analytic import pairwise_work_waits
 
     reqs = (Request(4, 1), Request(1, 1, 2.0), Request(1, 1, 2.0))
     inst = Instance(reqs, SystemConfig(64, 8, 8, 1), CostModel(intercept=1.0, per_token=1.0))
-    assert pairwise_work_waits(inst) == pytest.approx(3.0)
-    bounds = {b.name: b.value for b in analytic_bounds(inst, "mean_latency")}
+    assert pairwise_work_waits(inst, Objective.MEAN_LATENCY) == pytest.approx(3.0)
+    bounds = {b.name: b.value for b in analytic_bounds(inst, Objective.MEAN_LATENCY)}
     assert bounds["each request alone + pairwise work waits"] == pytest.approx(4.0)
     assert max(v for name, v in bounds.items() if "pairwise" not in name) < 3.9
-    assert brute_force(inst, "mean_latency").value >= 4.0
+    assert brute_force(inst, Objective.MEAN_LATENCY).value >= 4.0
     # the first prefills are the whole work here: the same for TTFT
-    ttft = {b.name: b.value for b in analytic_bounds(inst, "mean_ttft")}
+    ttft = {b.name: b.value for b in analytic_bounds(inst, Objective.MEAN_TTFT)}
     assert ttft["each first prefill alone + pairwise prefill waits"] == pytest.approx(4.0)
 
 
@@ -452,14 +457,14 @@ def test_pairwise_work_waits_count_the_tokens_a_request_cannot_have_reached():
     # (1 s intercept, 0.25 s a token, 0.25 s a cached token read). r1 (4 prompt tokens, work 1 s)
     # arrives at 2.75 s, when r0 has at most 2 tokens: token 4's batch (work 0.25 + 3 x 0.25 = 1 s)
     # starts later. W_r0 - 2.75 s is below 0, but r1 waits for that 1 s or r0 for r1's 1 s
-    from kvbound.formulation.bounds import pairwise_work_waits
+    from kvbound.bounds.analytic import pairwise_work_waits
 
     cost = CostModel(intercept=1.0, per_token=0.25, decode_kv=0.25)
     inst = Instance((Request(1, 4), Request(4, 1, 2.75)), SystemConfig(64, 8, 8, 1), cost)
-    assert pairwise_work_waits(inst) == pytest.approx(1.0)
-    bounds = {b.name: b.value for b in analytic_bounds(inst, "mean_latency")}
+    assert pairwise_work_waits(inst, Objective.MEAN_LATENCY) == pytest.approx(1.0)
+    bounds = {b.name: b.value for b in analytic_bounds(inst, Objective.MEAN_LATENCY)}
     assert bounds["each request alone + pairwise work waits"] == pytest.approx((6.5 + 2.0 + 1.0) / 2)
-    assert brute_force(inst, "mean_latency").value >= 4.75
+    assert brute_force(inst, Objective.MEAN_LATENCY).value >= 4.75
 
 
 def test_pairwise_work_waits_count_the_intercepts_a_later_request_skips():
@@ -470,24 +475,24 @@ def test_pairwise_work_waits_count_the_intercepts_a_later_request_skips():
     # intercept; with r1 in it, r1 is a batch closer to done only by its whole prefill (1 s of work,
     # which r0 waits for). If r0 finishes last it waits for r1's 2.25 s. So the pair adds
     # min(0.75 + 1, 2.25) = 1.75 s, not the 0.75 s of the work alone
-    from kvbound.formulation.bounds import pairwise_work_waits
+    from kvbound.bounds.analytic import pairwise_work_waits
 
     cost = CostModel(intercept=1.0, per_token=0.25, decode_kv=0.25)
     inst = Instance((Request(1, 3), Request(4, 2, 2.5)), SystemConfig(64, 8, 8, 1), cost)
-    assert [own_time_lower_bound(inst, i) for i in range(2)] == [4.5, 4.25]
-    assert pairwise_work_waits(inst) == pytest.approx(1.75)
-    bounds = {b.name: b.value for b in analytic_bounds(inst, "mean_latency")}
+    assert [time_alone(inst, Objective.TOTAL_LATENCY)[i] for i in range(2)] == [4.5, 4.25]
+    assert pairwise_work_waits(inst, Objective.MEAN_LATENCY) == pytest.approx(1.75)
+    bounds = {b.name: b.value for b in analytic_bounds(inst, Objective.MEAN_LATENCY)}
     pairwise = bounds.pop("each request alone + pairwise work waits")
     assert pairwise == pytest.approx((4.5 + 4.25 + 1.75) / 2)
     assert pairwise > max(bounds.values()) + 0.8
-    assert pairwise <= brute_force(inst, "mean_latency").value == pytest.approx(5.375)
+    assert pairwise <= brute_force(inst, Objective.MEAN_LATENCY).value == pytest.approx(5.375)
 
 
 def _pairwise_by_remaining_time(inst) -> float:
     """The pair terms with W_r - (a_q - a_r) alone: what the token count adds to is at least this."""
-    from kvbound.formulation.bounds import request_minimum_work
+    from kvbound.alone import least_work
 
-    work = [request_minimum_work(r, inst.cost) for r in inst.requests]
+    work = [least_work(r, inst.cost) for r in inst.requests]
     total = 0.0
     for r, q in itertools.permutations(range(len(inst)), 2):
         a_r, a_q = inst.requests[r].arrival, inst.requests[q].arrival
@@ -499,12 +504,12 @@ def _pairwise_by_remaining_time(inst) -> float:
 @settings(max_examples=150, deadline=None)
 @given(inst=instances(min_requests=2, max_requests=3, max_prompt=3, max_output=4, arrivals=True))
 def test_pairwise_work_waits_with_arrivals_never_exceed_the_brute_force_optimum(inst):
-    from kvbound.formulation.bounds import pairwise_work_waits
+    from kvbound.bounds.analytic import pairwise_work_waits
 
-    waits = pairwise_work_waits(inst)
+    waits = pairwise_work_waits(inst, Objective.MEAN_LATENCY)
     assert waits >= _pairwise_by_remaining_time(inst) * (1 - 1e-12) - 1e-12
-    alone = sum(own_time_lower_bound(inst, i) for i in range(len(inst)))
-    assert (alone + waits) / len(inst) <= brute_force(inst, "mean_latency").value * (1 + 1e-9) + 1e-12
+    alone = sum(time_alone(inst, Objective.TOTAL_LATENCY)[i] for i in range(len(inst)))
+    assert (alone + waits) / len(inst) <= brute_force(inst, Objective.MEAN_LATENCY).value * (1 + 1e-9) + 1e-12
 
 
 def test_one_machine_bound_takes_each_request_s_own_time_too():
@@ -513,23 +518,23 @@ def test_one_machine_bound_takes_each_request_s_own_time_too():
     # shares) and the k-th smallest arrival + own time (2.75, 4.5, 6.25 s) are each below what the
     # k-th request needs; their larger one, paired in order, gives 17.5 s where either gives at most
     # 16, and the bound is the largest one, still below the brute-force optimum
-    from kvbound.formulation.bounds import one_machine_completions
+    from kvbound.bounds.analytic import one_machine_completions
 
     inst = Instance((Request(4, 3), Request(4, 2, 3.0), Request(2, 2)), SystemConfig(6, 8, 8, 1),
                     CostModel(intercept=1.0, per_token=0.25))
-    own = np.array([own_time_lower_bound(inst, i) for i in range(3)])
+    own = np.array([time_alone(inst, Objective.TOTAL_LATENCY)[i] for i in range(3)])
     assert (inst.arrivals + own).tolist() == [4.5, 6.25, 2.75]
-    assert one_machine_completions(inst, own=np.full(3, -np.inf)) == pytest.approx(16.0)
-    assert one_machine_completions(inst) == pytest.approx(17.5)
-    bounds = {b.name: b.value for b in analytic_bounds(inst, "mean_latency")}
+    assert one_machine_completions(inst, Objective.MEAN_LATENCY, own=np.full(3, -np.inf)) == pytest.approx(16.0)
+    assert one_machine_completions(inst, Objective.MEAN_LATENCY) == pytest.approx(17.5)
+    bounds = {b.name: b.value for b in analytic_bounds(inst, Objective.MEAN_LATENCY)}
     machine = bounds.pop("one machine, shortest remaining share first, and each request alone")
     assert machine == pytest.approx((17.5 - 3.0) / 3)
     assert machine > max(bounds.values()) + 0.4
-    assert machine <= brute_force(inst, "mean_latency").value
+    assert machine <= brute_force(inst, Objective.MEAN_LATENCY).value
 
 
 def test_shortest_remaining_time_first_on_one_machine():
-    from kvbound.formulation.bounds import _srpt_completions
+    from kvbound.bounds.analytic import _srpt_completions
 
     # A (10 s) at 0 is preempted by B (2 s) at 1: B done at 3, A at 12; a job never waits idle
     assert _srpt_completions(np.array([0.0, 1.0]), np.array([10.0, 2.0])).tolist() == [3.0, 12.0]
@@ -544,10 +549,10 @@ def test_one_machine_bound_counts_the_backlog_of_a_burst():
     # a random search over such cases and checked against the brute-force optimum
     reqs = (Request(4, 2), Request(4, 1, 2.0), Request(4, 1, 1.0))
     inst = Instance(reqs, SystemConfig(7, 8, 8, 1), CostModel(intercept=1.0, per_token=0.25))
-    bounds = {b.name: b.value for b in analytic_bounds(inst, "mean_latency")}
+    bounds = {b.name: b.value for b in analytic_bounds(inst, Objective.MEAN_LATENCY)}
     machine = bounds.pop("one machine, shortest remaining share first, and each request alone")
     assert machine == pytest.approx(49 / 12)
     assert machine > max(bounds.values()) + 0.3
-    assert machine <= brute_force(inst, "mean_latency").value == pytest.approx(4.25)
+    assert machine <= brute_force(inst, Objective.MEAN_LATENCY).value == pytest.approx(4.25)
     offline = Instance(tuple(Request(r.prompt, r.output) for r in reqs), inst.system, inst.cost)
-    assert not any(b.name.startswith("one machine") for b in analytic_bounds(offline, "mean_latency"))
+    assert not any(b.name.startswith("one machine") for b in analytic_bounds(offline, Objective.MEAN_LATENCY))

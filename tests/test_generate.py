@@ -93,7 +93,7 @@ def test_lengths_within_bounds(kv_capacity, context):
     load_text = generate_case_text(50, 11, kv_capacity=kv_capacity, context=context)
     import tomllib
 
-    from kvbound.workload import parse_case
+    from kvbound.io.cases import parse_case
 
     assert len(parse_case(tomllib.loads(load_text))) == 50  # passes the case validation (peak KV <= M)
 

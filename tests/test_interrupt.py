@@ -14,8 +14,9 @@ import time
 
 import pytest
 
-from kvbound.schedule import Schedule, validate
-from kvbound.workload import load_case
+from kvbound.io.cases import load_case
+from kvbound.io.schedules import load_schedule
+from kvbound.schedule import validate
 from tests.conftest import REPO
 
 BIG = REPO / "cases" / "fig15" / "fig15_I1024.toml"  # takes minutes to prove on every backend
@@ -79,7 +80,7 @@ def test_signal_stops_solve_with_its_best_answer(tmp_path, solver, after, sig):
     assert data["lower_bound"] is not None and data["bound_certified"]
     assert data["lower_bound"] <= data["objective"] * (1 + 1e-6)
     instance = load_case(BIG)
-    replay = validate(instance, Schedule.load(out_file))
+    replay = validate(instance, load_schedule(out_file))
     assert replay.metrics.total_latency == pytest.approx(data["objective"], rel=1e-9)
     assert not _gone(kids), f"{solver}: child processes left behind"
     assert os.listdir(tmp) == [], f"{solver}: temporary files left behind"
@@ -216,7 +217,7 @@ def test_an_abandoned_solver_thread_never_aborts_the_interpreter(tmp_path, sleep
 def test_a_cpsat_child_starts_deaf_to_ctrl_c():
     # a terminal's Ctrl-C reaches the whole process group, the CP-SAT child too, possibly while it
     # still imports: it is started with SIGINT ignored, which exec keeps and Python then leaves alone
-    from kvbound.solvers.backends import _sigint_ignored
+    from kvbound.cpsat_process import _sigint_ignored
 
     probe = "import signal; print(signal.getsignal(signal.SIGINT) == signal.SIG_IGN)"
     # as in a terminal (a job started in the background, as CI may run the suite, has it ignored)

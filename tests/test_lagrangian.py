@@ -27,17 +27,17 @@ from hypothesis import strategies as st
 from kvbound import CostModel, Instance, Request, SystemConfig, validate
 from kvbound.costs import PRESETS
 from kvbound.deadline import Deadline
-from kvbound.formulation.bounds import own_time_lower_bound, prefill_work
-from kvbound.formulation.completion_master import MasterBound
-from kvbound.formulation.lagrangian import LagrangianBound
+from kvbound.alone import prefill_work, time_alone
+from kvbound.bounds.completion_master import MasterBound
+from kvbound.bounds.lagrangian import LagrangianBound
+from kvbound.objective import Objective
 from kvbound.schedulers import get_scheduler, simulate
 from kvbound.schedulers.unified import OrderedScheduler
-from kvbound.solvers import api
-from kvbound.solvers.api import solve
+from kvbound.solvers import lower_bounds, solve
 from tests.oracle import brute_force
 from tests.test_formulation import instances
 
-MEAN = ("mean_latency", "mean_ttft")
+MEAN = (Objective.MEAN_LATENCY, Objective.MEAN_TTFT)
 
 
 @settings(max_examples=80, deadline=None)
@@ -84,7 +84,7 @@ def test_lagrangian_bound_never_exceeds_the_brute_force_optimum(inst, objective,
      name='',
      description='',
      source=''),
-    objective='mean_latency',
+    objective=Objective.MEAN_LATENCY,
     seed=0,
     horizon=2,
     alpha=1.0,
@@ -119,7 +119,7 @@ def test_finishing_in_closed_form_is_reached_after_the_horizon():
     cost = CostModel(intercept=1.0, per_token=0.25, decode_kv=0.125, prefill_attention=0.0625, prefill_kv=0.5,
                      per_prefill_request=0.75)
     inst = Instance((Request(1, 4), Request(3, 4)), SystemConfig(6, 3, 3, 1), cost)
-    bound = LagrangianBound(inst, "mean_latency", 1)
+    bound = LagrangianBound(inst, Objective.MEAN_LATENCY, 1)
     assert bound.stepped < 8 < bound.steps
     pricing = bound.price(np.zeros(1))
     bound.stepped = bound.steps
@@ -134,8 +134,8 @@ def test_lagrangian_bound_lets_a_request_finish_after_the_horizon():
     cost = CostModel(intercept=1.0, per_token=0.25, decode_kv=0.125, prefill_attention=0.0625, prefill_kv=0.5,
                      per_prefill_request=0.75)
     inst = Instance((Request(1, 4), Request(3, 4)), SystemConfig(6, 3, 3, 1), cost)
-    opt = brute_force(inst, "mean_latency").value
-    pricing = LagrangianBound(inst, "mean_latency", 1).price(np.zeros(1))
+    opt = brute_force(inst, Objective.MEAN_LATENCY).value
+    pricing = LagrangianBound(inst, Objective.MEAN_LATENCY, 1).price(np.zeros(1))
     assert pricing.value <= opt * (1 + 1e-9)
     assert pricing.completion.tolist() == [4, 8]
 
@@ -149,9 +149,9 @@ def test_batch_sharing_raises_the_bound_below_a_validated_schedule(monkeypatch):
                     PRESETS["llama2-7b-h100"])
     best = min(validate(inst, simulate(inst, get_scheduler(h)).schedule).metrics.mean_latency
                for h in ("sjf-mc", "rank-i", "srpt"))
-    with_term, _, _ = LagrangianBound(inst, "mean_latency", 200).improve(Deadline(None), best, max_passes=50)
+    with_term, _, _ = LagrangianBound(inst, Objective.MEAN_LATENCY, 200).improve(Deadline(None), best, max_passes=50)
     monkeypatch.setattr(LagrangianBound, "_follow_sharing", lambda self, pricing: False)
-    without, _, _ = LagrangianBound(inst, "mean_latency", 200).improve(Deadline(None), best, max_passes=50)
+    without, _, _ = LagrangianBound(inst, Objective.MEAN_LATENCY, 200).improve(Deadline(None), best, max_passes=50)
     assert without * 1.005 < with_term <= best
 
 
@@ -159,7 +159,7 @@ def test_batch_sharing_raises_the_bound_below_a_validated_schedule(monkeypatch):
 @given(inst=instances(min_requests=1, max_requests=4, max_prompt=6, max_output=4, arrivals=False),
        objective=st.sampled_from(MEAN))
 def test_lagrangian_bound_at_zero_multipliers_counts_each_request_alone(inst, objective):
-    alone = sum(own_time_lower_bound(inst, i, objective == "mean_ttft") for i in range(len(inst))) / len(inst)
+    alone = sum(time_alone(inst, Objective.MEAN_TTFT if objective == Objective.MEAN_TTFT else Objective.TOTAL_LATENCY)[i] for i in range(len(inst))) / len(inst)
     assert LagrangianBound(inst, objective, 4).price(np.zeros(4)).value >= alone * (1 - 1e-9) - 1e-12
 
 
@@ -170,7 +170,7 @@ def test_backtracked_usage_is_the_kv_of_the_priced_trajectories(inst, seed):
     # completion and start batches (with no eviction chosen, a trajectory holds I + k - 1 from its
     # first token on) and check the priced value against its parts
     horizon = 10
-    bound = LagrangianBound(inst, "mean_latency", horizon)
+    bound = LagrangianBound(inst, Objective.MEAN_LATENCY, horizon)
     lam = np.random.default_rng(seed).exponential(inst.cost.intercept / inst.system.kv_capacity, horizon)
     pricing = bound.price(lam)
     assert (pricing.start >= 1).all() and (pricing.completion >= pricing.start).all()
@@ -186,7 +186,7 @@ def test_backtracked_work_is_what_the_value_weighs(inst):
     # at zero multipliers (work weighted by nu alone) the value is each trajectory's intercepts plus
     # the nu-weighted work of every batch, so the per-batch work read back must reproduce it
     horizon = 40
-    bound = LagrangianBound(inst, "mean_latency", horizon)
+    bound = LagrangianBound(inst, Objective.MEAN_LATENCY, horizon)
     bound.alpha = 1.0
     pricing = bound.price(np.zeros(horizon))
     assert (pricing.completion <= horizon).all()
@@ -201,11 +201,11 @@ def test_backtracked_work_is_what_the_value_weighs(inst):
 @settings(max_examples=40, deadline=None)
 @given(inst=instances(min_requests=1, max_requests=4, max_prompt=6, max_output=4), seed=st.integers(0, 2 ** 16))
 def test_trajectories_read_back_per_request_add_up_to_the_pricing(inst, seed):
-    # the per-request columns (for a master over the trajectories, bench/probe_dual_master.py) must
+    # the per-request columns (for a master over the trajectories, bench/probes/probe_dual_master.py) must
     # be the same trajectories as the totals the subgradient reads, and their costs the value's parts
     horizon = 10
     rng = np.random.default_rng(seed)
-    bound = LagrangianBound(inst, "mean_latency", horizon)
+    bound = LagrangianBound(inst, Objective.MEAN_LATENCY, horizon)
     lam = rng.exponential(inst.cost.intercept / inst.system.kv_capacity, horizon)
     mu = rng.exponential(inst.cost.intercept / inst.system.max_batch_tokens, horizon)
     columns = []
@@ -236,7 +236,7 @@ def test_the_work_weight_slope_is_a_supergradient(inst, seed, alpha, other):
     # from the trajectories priced at alpha bounds the value at any other weight from above
     horizon = 8
     rng = np.random.default_rng(seed)
-    bound = LagrangianBound(inst, "mean_latency", horizon)
+    bound = LagrangianBound(inst, Objective.MEAN_LATENCY, horizon)
     lam = rng.exponential(inst.cost.intercept / inst.system.kv_capacity, horizon)
     mu = rng.exponential(inst.cost.intercept / inst.system.max_batch_tokens, horizon)
     bound.sharing = rng.uniform(0.0, 1.0, horizon)
@@ -256,10 +256,10 @@ def test_lagrangian_bound_beats_the_analytic_bound_where_kv_binds():
     # a long decode beside two prompts that fill most of M: the completion-order bound prices the
     # KV by area over the first k completions; the batch-by-batch KV limit counts more
     inst = Instance((Request(1, 6), Request(6, 2), Request(6, 2)), SystemConfig(8, 64, 64, 1), CostModel(intercept=1.0))
-    opt = brute_force(inst, "mean_latency").value
-    from kvbound.formulation.bounds import analytic_bounds
-    analytic = max(b.value for b in analytic_bounds(inst, "mean_latency"))
-    value, _, _ = LagrangianBound(inst, "mean_latency", 16).improve(Deadline(None), opt, max_passes=1000)
+    opt = brute_force(inst, Objective.MEAN_LATENCY).value
+    from kvbound.bounds.analytic import analytic_bounds
+    analytic = max(b.value for b in analytic_bounds(inst, Objective.MEAN_LATENCY))
+    value, _, _ = LagrangianBound(inst, Objective.MEAN_LATENCY, 16).improve(Deadline(None), opt, max_passes=1000)
     assert analytic + 1e-3 < value <= opt * (1 + 1e-9)  # measured: 4.1667 < 4.1757 <= 4.6667
 
 
@@ -272,12 +272,12 @@ def test_the_horizon_reaches_past_the_trajectories_of_the_first_pass(monkeypatch
     best = min(validate(inst, simulate(inst, get_scheduler(s)).schedule).metrics.mean_latency
                for s in ("sjf-mc", "srpt", "spt-waves"))
     horizon = len(start.schedule.batches)
-    reached = LagrangianBound(inst, "mean_latency", horizon)
+    reached = LagrangianBound(inst, Objective.MEAN_LATENCY, horizon)
     first = next(reached.iterate(best))[2]
     assert reached.H >= first.completion.max() > horizon
-    value, _, _ = LagrangianBound(inst, "mean_latency", horizon).improve(Deadline(None), best, max_passes=300)
-    monkeypatch.setattr("kvbound.formulation.lagrangian.HORIZON_REACH", 0.0)
-    short, _, _ = LagrangianBound(inst, "mean_latency", horizon).improve(Deadline(None), best, max_passes=300)
+    value, _, _ = LagrangianBound(inst, Objective.MEAN_LATENCY, horizon).improve(Deadline(None), best, max_passes=300)
+    monkeypatch.setattr("kvbound.bounds.lagrangian.HORIZON_REACH", 0.0)
+    short, _, _ = LagrangianBound(inst, Objective.MEAN_LATENCY, horizon).improve(Deadline(None), best, max_passes=300)
     assert short * 1.01 < value <= best  # measured: 31.49 < 32.02 <= 33.5
 
 
@@ -311,8 +311,8 @@ def test_ordered_scheduler_holds_a_request_until_its_batch_unless_nothing_else_r
 def test_lagrangian_solve_is_valid_and_below_the_optimum(inst, objective):
     opt = brute_force(inst, objective).value
     res = solve(inst, objective, time_limit=1.0, formulation="lagrangian", skip_proven=False)
-    assert res.formulation == "lagrangian" and res.schedule is not None
-    assert api.objective_value(validate(inst, res.schedule).metrics, objective) == pytest.approx(res.objective)
+    assert res.formulation == "search" and res.schedule is not None
+    assert Objective(objective).of(validate(inst, res.schedule).metrics) == pytest.approx(res.objective)
     assert res.bound_certified and res.lower_bound <= opt * (1 + 1e-9) + 1e-12
     assert opt <= res.objective * (1 + 1e-9) + 1e-12
     points = res.trajectory
@@ -330,17 +330,16 @@ def conv_like(n: int = 12) -> Instance:
                     CostModel(intercept=0.004, per_token=2e-5, decode_kv=2e-7, prefill_attention=5e-10))
 
 
-@pytest.mark.parametrize("objective", ["mean_latency", "total_latency"])
-def test_auto_searches_until_the_time_limit_where_the_model_is_too_large(monkeypatch, objective):
-    # no model fits (limit lowered): auto runs the search, which keeps going until the deadline
+@pytest.mark.parametrize("objective", [Objective.MEAN_LATENCY, Objective.TOTAL_LATENCY])
+def test_auto_searches_until_the_time_limit_where_the_model_is_too_large(tiny_auto_limits, objective):
+    # no model fits (auto's limits lowered): auto runs the search, which keeps going until the deadline
     # unless proven, and reports what it did; the schedule it returns is the validator's
-    monkeypatch.setattr(api, "MODEL_LIMIT", 10)
     inst = conv_like()
     res = solve(inst, objective, time_limit=3.0)
-    assert res.formulation == "lagrangian" and "search" in res.stats
+    assert res.formulation == "search" and "search" in res.stats
     assert res.status == "optimal" or res.seconds >= 2.5
-    assert api.objective_value(validate(inst, res.schedule).metrics, objective) == pytest.approx(res.objective)
-    if objective == "mean_latency":
+    assert Objective(objective).of(validate(inst, res.schedule).metrics) == pytest.approx(res.objective)
+    if objective == Objective.MEAN_LATENCY:
         assert res.stats["lagrangian_passes"] >= 1 and res.lower_bound >= res.analytic_bound
     assert res.stats["patterns_simulated"] >= 1
 
@@ -358,11 +357,11 @@ def test_search_leaves_the_lagrangian_where_arrivals_make_it_useless():
     # its first pass (and never starts the completion master variant, whose first pass is the same
     # bound without batch sharing) and spends the time on schedules; no Lagrangian value is reported
     inst = spaced(0.02)
-    res = solve(inst, "mean_latency", time_limit=2.0, formulation="lagrangian")
+    res = solve(inst, Objective.MEAN_LATENCY, time_limit=2.0, formulation="lagrangian")
     assert res.status == "feasible" and res.seconds >= 1.5
-    first = LagrangianBound(inst, "mean_latency", 100).price(np.zeros(100)).value
+    first = LagrangianBound(inst, Objective.MEAN_LATENCY, 100).price(np.zeros(100)).value
     assert first < 0.5 * res.analytic_bound
-    assert MasterBound.where_it_fits(inst, "mean_latency", 100) is not None  # it would fit
+    assert MasterBound.where_it_fits(inst, Objective.MEAN_LATENCY, 100) is not None  # it would fit
     assert res.stats["lagrangian_passes"] == 1 and res.stats["lagrangian_bound"] is None
     assert "first pass was below half" in res.stats["lagrangian_note"]
     assert res.lower_bound == res.analytic_bound
@@ -373,20 +372,20 @@ def test_search_skips_the_lagrangian_where_its_ceiling_is_below_the_analytic_bou
     # 50 ms apart: even the optimum with every arrival at 0, less the mean arrival, is below the
     # analytic bound (the best schedule there bounds it), so no pass is made at all
     from kvbound.objective import Objective
-    from kvbound.solvers.decompose import lagrangian_ceiling
+    from kvbound.bounds.lagrangian import lagrangian_ceiling
 
     inst = spaced(0.05)
-    res = solve(inst, "mean_latency", time_limit=2.0, formulation="lagrangian")
+    res = solve(inst, Objective.MEAN_LATENCY, time_limit=2.0, formulation="lagrangian")
     assert res.status == "feasible" and res.seconds >= 1.5
-    ceiling = lagrangian_ceiling(inst, Objective.parse("mean_latency"), res.schedule)
+    ceiling = lagrangian_ceiling(inst, Objective.MEAN_LATENCY, res.schedule)
     assert ceiling < res.analytic_bound
-    assert LagrangianBound(inst, "mean_latency", 100).price(np.zeros(100)).value <= ceiling
+    assert LagrangianBound(inst, Objective.MEAN_LATENCY, 100).price(np.zeros(100)).value <= ceiling
     assert res.stats["lagrangian_passes"] == 0 and res.stats["lagrangian_bound"] is None
     assert "sees every request from time 0" in res.stats["lagrangian_note"]
     assert res.lower_bound == res.analytic_bound
     assert res.stats["patterns_simulated"] >= 8
     # all at once there is nothing to relax: no ceiling
-    assert lagrangian_ceiling(conv_like(), Objective.parse("mean_latency"), res.schedule) == math.inf
+    assert lagrangian_ceiling(conv_like(), Objective.MEAN_LATENCY, res.schedule) == math.inf
 
 
 @settings(max_examples=40, deadline=None)
@@ -396,7 +395,7 @@ def test_lagrangian_bounds_stay_below_their_ceiling(inst, objective, seed, horiz
     # the ceiling the search compares with the analytic bound: every Lagrangian value (any
     # multipliers, either variant) is at most it, with arrivals or without
     from kvbound.objective import Objective
-    from kvbound.solvers.decompose import lagrangian_ceiling
+    from kvbound.bounds.lagrangian import lagrangian_ceiling
 
     start = simulate(inst, get_scheduler("srpt")).schedule
     ceiling = lagrangian_ceiling(inst, Objective.parse(objective), start)
@@ -413,13 +412,11 @@ def test_lagrangian_bounds_stay_below_their_ceiling(inst, objective, seed, horiz
             assert value <= ceiling + tol
 
 
-def test_bound_command_reports_the_lagrangian_bound_where_no_model_fits(monkeypatch):
+def test_bound_command_reports_the_lagrangian_bound_where_no_model_fits(tiny_auto_limits):
     from kvbound.solvers.options import SolveOptions
-    from kvbound.solvers.relaxation import lower_bounds
 
-    monkeypatch.setattr(api, "MODEL_LIMIT", 10)
     inst = conv_like()
-    bounds, res = lower_bounds(inst, SolveOptions("mean_latency", time_limit=2.0))
+    bounds, res = lower_bounds(inst, SolveOptions(Objective.MEAN_LATENCY, time_limit=2.0))
     lagrangian = [b for b in bounds if b.name.startswith("Lagrangian")]
     assert len(lagrangian) == 1 and lagrangian[0].certified
     assert lagrangian[0].value == res.stats["lagrangian_bound"] <= res.objective
@@ -428,66 +425,61 @@ def test_bound_command_reports_the_lagrangian_bound_where_no_model_fits(monkeypa
     assert res.status == "feasible" and res.seconds >= 1.5
 
 
-def test_bound_command_computes_the_analytic_bounds_once(monkeypatch):
-    # lower_bounds lists them and hands their largest to solve_with, which computed them again before
-    from kvbound.formulation import bounds as bounds_module
-    from kvbound.solvers import relaxation
+def test_bound_command_computes_the_analytic_bounds_once(monkeypatch, tiny_auto_limits):
+    # the ledger holds them once for every phase and the report
+    from kvbound.bounds import analytic as bounds_module
     from kvbound.solvers.options import SolveOptions
 
     calls = []
+    real = bounds_module.analytic_bounds
 
     def counted(instance, objective):
         calls.append(objective)
-        return bounds_module.analytic_bounds(instance, objective)
+        return real(instance, objective)
 
-    monkeypatch.setattr(relaxation, "analytic_bounds", counted)
-    monkeypatch.setattr(api, "analytic_bounds", counted)
-    monkeypatch.setattr(api, "MODEL_LIMIT", 10)
-    bounds, res = relaxation.lower_bounds(conv_like(), SolveOptions("mean_latency", time_limit=1.0))
+    monkeypatch.setattr(bounds_module, "analytic_bounds", counted)
+    bounds, res = lower_bounds(conv_like(), SolveOptions(Objective.MEAN_LATENCY, time_limit=1.0))
     assert len(calls) == 1
     assert res.analytic_bound == max(b.value for b in bounds if not b.name.startswith("Lagrangian"))
 
 
-def test_a_lagrangian_bound_above_a_schedule_is_discarded_and_said_so(monkeypatch):
-    # a (broken) search reporting a bound above its own schedule: solve warns, reports the analytic
-    # bound, and kvbound bound's Lagrangian row has no value and says why
+def test_a_lagrangian_bound_above_a_schedule_is_discarded_and_said_so(monkeypatch, tiny_auto_limits):
+    # a (broken) Lagrangian reporting a bound above a validated schedule: solve warns, reports the
+    # analytic bound, and kvbound bound's Lagrangian row has no value and says why
+    from kvbound.bounds import lagrangian
+    from kvbound.bounds.base import Pass
     from kvbound.solvers.options import SolveOptions
-    from kvbound.solvers.relaxation import lower_bounds
 
-    real = api.search
+    def broken(bound, known):
+        while True:
+            yield Pass(1e9)
 
-    def broken(*args, **kwargs):
-        found = real(*args, **kwargs)
-        found.bound = 1e9
-        return found
-
-    monkeypatch.setattr(api, "search", broken)
-    monkeypatch.setattr(api, "MODEL_LIMIT", 10)
+    monkeypatch.setattr(lagrangian, "passes_of", broken)
     with pytest.warns(RuntimeWarning, match="above a validated schedule"):
-        bounds, res = lower_bounds(conv_like(), SolveOptions("mean_latency", time_limit=1.0))
+        bounds, res = lower_bounds(conv_like(), SolveOptions(Objective.MEAN_LATENCY, time_limit=1.0))
     assert res.lower_bound == res.analytic_bound < res.objective
     row = [b for b in bounds if b.name.startswith("Lagrangian")]
     assert len(row) == 1 and row[0].value == -math.inf and "above a validated schedule" in row[0].note
+    assert "above a validated schedule" in res.stats["lagrangian_note"] and res.stats["lagrangian_bound"] is None
 
 
 def test_search_seeds_the_same_schedule_once():
     # the start schedule given three times (as srpt at ratio 1 and 2 can give one schedule twice): its
-    # pattern is tried once per base, with and without its admission batches; a known bound equal to
-    # its value ends the search right after the seeds
+    # pattern is tried once per base, with and without its admission batches
     from kvbound.deadline import Deadline
-    from kvbound.formulation.base import Constraints
-    from kvbound.objective import Objective
     from kvbound.schedulers import run_scheduler
-    from kvbound.solvers import decompose
+    from kvbound.solvers.ledger import Ledger
+    from kvbound.solvers.options import SolveOptions
+    from kvbound.solvers.phases.patterns import ORDERED_BASES, Patterns
 
     inst = conv_like()
     start = run_scheduler(inst, "sjf-mc")
-    value = start.replay.metrics.total_latency
-    deadline = Deadline(30)
-    found = decompose.search(inst, Objective.parse("total_latency"), Constraints(), start.schedule, value, deadline,
-                             decompose.Trajectory(deadline), lambda *_: True, known_bound=value,
-                             others=(start.schedule, start.schedule))
-    assert found.stats["patterns_tried"] == 2 * len(decompose.ORDERED_BASES)
+    ledger = Ledger(inst, SolveOptions(Objective.TOTAL_LATENCY), Deadline(30))
+    ledger.offer(start.schedule, "sjf-mc", start.replay.metrics, seed=True)
+    patterns = Patterns(ledger, len(start.schedule.batches))
+    for schedule in (start.schedule, start.schedule, start.schedule):
+        patterns.seed(schedule)
+    assert patterns.tried == 2 * len(ORDERED_BASES)
 
 
 def write_case(inst: Instance, path):
@@ -504,7 +496,7 @@ def test_bound_json_says_null_where_the_lagrangian_kept_no_bound(cli, tmp_path):
     # arrivals 50 ms apart (the search skips the Lagrangian) and total latency (it has none): the
     # row stays, its value is null (strict JSON: no Infinity) and the text output says why
     case = write_case(spaced(0.05), tmp_path / "arrivals.toml")
-    for objective, why in (("mean_latency", "sees every request from time 0"), ("total_latency", "none for total latency")):
+    for objective, why in ((Objective.MEAN_LATENCY, "sees every request from time 0"), (Objective.TOTAL_LATENCY, "none for total latency")):
         rc, out, _ = cli("bound", str(case), "--objective", objective, "--formulation", "lagrangian",
                          "--time-limit", "2", "--json")
         assert rc == 0
@@ -520,11 +512,11 @@ def test_solve_json_has_the_trajectory(cli, tmp_path):
     # the conv-like case (not proven by the heuristics), written as a case file
     inst = conv_like()
     case = write_case(inst, tmp_path / "c.toml")
-    rc, out, _ = cli("solve", str(case), "--objective", "mean_latency", "--formulation", "lagrangian",
+    rc, out, _ = cli("solve", str(case), "--objective", Objective.MEAN_LATENCY, "--formulation", "lagrangian",
                      "--time-limit", "2", "--json")
     assert rc == 0
     data = json.loads(out)
-    assert data["status"] == "feasible" and data["formulation"] == "lagrangian" and data["trajectory"]
+    assert data["status"] == "feasible" and data["formulation"] == "search" and data["trajectory"]
     assert set(data["trajectory"][0]) == {"seconds", "best", "bound"}
     assert math.isclose(data["trajectory"][-1]["best"], data["objective"])
     assert math.isclose(data["trajectory"][-1]["bound"], data["lower_bound"])

@@ -1,4 +1,4 @@
-"""Packed schedules (kvbound.solvers.packing): profiles from the semantics, the greedy's jumps, CP-SAT's
+"""Packed schedules (kvbound.schedulers.packing): profiles from the semantics, the greedy's jumps, CP-SAT's
 starts, and the search keeping a packed schedule only through the validator."""
 from __future__ import annotations
 
@@ -10,17 +10,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvbound.deadline import Deadline
-from kvbound.formulation.base import Constraints
+from kvbound.constraints import Constraints
 from kvbound.objective import Objective
 from kvbound.schedule import Batch, Schedule, validate
 from kvbound.schedulers import run_scheduler
-from kvbound.solvers import decompose
-from kvbound.solvers.api import satisfies, solve
-from kvbound.solvers.packing import (DECODE_ROOM, FITS, SEGMENT, STALLED_MOVES, TIMED_STALLED_MOVES, Profile,
+from kvbound.solvers import solve
+from kvbound.schedulers.packing import (DECODE_ROOM, FITS, SEGMENT, STALLED_MOVES, TIMED_STALLED_MOVES, Profile,
                                      batchwise_starts, chunk_size, decode_room, from_the_end, greedy_starts,
                                      justified_order, pack, packed_schedule, profiles, search_orders, timed_starts)
 from kvbound.costs.presets import PRESETS
-from kvbound.workload import Instance, Request, SystemConfig, load_trace
+from kvbound.io.traces import load_trace
+from kvbound.workload import Instance, Request, SystemConfig
 
 from .test_formulation import instances
 
@@ -35,7 +35,7 @@ def fits_at(profile: Profile, system: SystemConfig, t: int, kv, tokens, prefill)
     window = slice(t, t + profile.batches)
     return bool((kv[window] + profile.kv <= system.kv_capacity).all()
                 and (tokens[window] + profile.tokens <= system.max_batch_tokens).all()
-                and (prefill[window] + pre <= system.prefill_per_batch).all())
+                and (prefill[window] + pre <= system.max_prefill_tokens).all())
 
 
 def place_at(profile: Profile, t: int, kv, tokens, prefill) -> None:
@@ -359,14 +359,11 @@ def test_search_packs_only_where_packed_schedules_can_meet_the_constraints(const
     from .test_lagrangian import conv_like
 
     inst = conv_like()
-    start = run_scheduler(inst, "sjf-mc")
-    deadline = Deadline(3.0)
-    found = decompose.search(inst, Objective.parse("total_latency"), constraints, start.schedule,
-                             start.replay.metrics.total_latency, deadline, decompose.Trajectory(deadline), satisfies)
+    found = solve(inst, Objective.TOTAL_LATENCY, time_limit=3.0, warm_start=["sjf-mc"], formulation="search",
+                  constraints=constraints)
     assert ("packing" in found.stats) == (constraints == Constraints())
-    if found.schedule is not None:
-        assert satisfies(inst, found.schedule, constraints)
-        validate(inst, found.schedule)
+    assert constraints.admit(inst, found.schedule)
+    validate(inst, found.schedule)
 
 
 def test_search_packs_with_arrivals_and_keeps_a_packed_schedule_only_through_the_validator():
@@ -376,17 +373,15 @@ def test_search_packs_with_arrivals_and_keeps_a_packed_schedule_only_through_the
     inst = Instance([Request(r.prompt, r.output, 0.02 * k) for k, r in enumerate(offline.requests)],
                     offline.system, offline.cost)
     start = run_scheduler(inst, "sjf-mc")
-    deadline = Deadline(3.0)
-    found = decompose.search(inst, Objective.parse("total_latency"), Constraints(), start.schedule,
-                             start.replay.metrics.total_latency, deadline, decompose.Trajectory(deadline), satisfies)
+    found = solve(inst, Objective.TOTAL_LATENCY, time_limit=3.0, warm_start=["sjf-mc"], formulation="search")
     stats = found.stats["packing"]
     assert stats["greedy_fit"] == "timed batch by batch" and stats["order_search_moves"] > 0
     assert stats["order_search_makespan"] <= stats["greedy_makespan"]
     profs = profiles(inst)
     arrival_order, _ = timed_starts(profs, inst.arrivals, inst.system, inst.cost.intercept, range(len(inst)))
     packed = validate(inst, packed_schedule(inst, profs, arrival_order)).metrics.total_latency
-    assert found.value <= min(packed, start.replay.metrics.total_latency) * (1 + 1e-12)
-    assert validate(inst, found.schedule).metrics.total_latency == pytest.approx(found.value, rel=1e-12)
+    assert found.objective <= min(packed, start.replay.metrics.total_latency) * (1 + 1e-12)
+    assert validate(inst, found.schedule).metrics.total_latency == pytest.approx(found.objective, rel=1e-12)
 
 
 def test_prefill_chunks_leave_room_for_as_many_decodes_as_m_holds(shared_data):

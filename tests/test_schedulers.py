@@ -14,13 +14,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvbound import (SCHEDULERS, Batch, CostModel, InputError, Instance, Request, Schedule, SystemConfig,
+from kvbound import (SCHEDULERS, Batch, CostModel, InputError, Instance, Request, SystemConfig,
                      get_scheduler, run_scheduler, simulate, validate)
 from kvbound.costs import PRESETS
 from kvbound.errors import SchedulerRefused, SchedulerStuck
-from kvbound.schedulers import Policy, SptWaves, UnifiedScheduler
+from kvbound.schedulers import REGISTRY, Policy, SptWaves, UnifiedScheduler
+from kvbound.schedulers.registry import Option
 from kvbound.schedulers.waves import plan_waves, wave_cost
-from kvbound.workload import load_case
+from kvbound.io.cases import load_case
+from kvbound.io.schedules import schedule_from_json
 from tests.conftest import REPO
 from tests.oracle import OBJECTIVES, brute_force, tiny_instances
 
@@ -125,7 +127,7 @@ def test_schedules_validate_after_a_json_round_trip(name, inst):
     if result is None:
         return
     text = json.dumps(result.schedule.to_json())
-    schedule = Schedule.from_json(json.loads(text))
+    schedule = schedule_from_json(json.loads(text))
     assert schedule.requests == inst.requests
     replay = validate(inst, schedule)
     assert replay.metrics == result.replay.metrics
@@ -290,6 +292,71 @@ def test_bad_scheduler_options(spec, names):
     with pytest.raises(InputError) as info:
         get_scheduler(spec)
     assert names in str(info.value)
+
+
+# ------------------------------------------------------------------ the registry
+
+#: per option type: bad values and the one-line error each gives (after "scheduler: SPEC: KEY: ")
+BAD_VALUES = {
+    bool: [("maybe", "expected true or false, got 'maybe'")],
+    int: [("abc", "expected an integer, got 'abc'"), ("2.5", "expected an integer below 2^53, got '2.5'"),
+          ("9007199254740992", "expected an integer below 2^53, got '9007199254740992'")],
+    float: [("x", "expected a number, got 'x'"), ("nan", "expected a finite number, got 'nan'")],
+}
+#: per option type: a good value and what it parses to (str options: their default)
+GOOD_VALUES = {bool: ("off", False), int: ("7", 7), float: ("0.5", 0.5)}
+
+
+def _option_value(policy, target):
+    """The value an option set: a field of a unified policy's parameters, else a constructor argument."""
+    params = getattr(policy, "params", None)
+    return getattr(params, target) if hasattr(params, target) else getattr(policy, target)
+
+
+def test_the_registry_lists_the_schedulers_in_order():
+    assert list(SCHEDULERS) == list(REGISTRY)
+    assert all(SCHEDULERS[name] == entry.description for name, entry in REGISTRY.items())
+
+
+def test_options_are_typed_by_their_declarations():
+    assert REGISTRY["fcfs-protect"].options == {"alpha": Option(float, 0.2, False, "alpha")}
+    assert REGISTRY["sarathi"].options["prefill_limit"] == Option(int, 512, True, "prefill_limit")
+    assert REGISTRY["vllm"].options["hybrid"] == Option(bool, False, False, "hybrid")
+    assert REGISTRY["vllm"].options["priority"] == Option(str, "prefill", False, "priority")
+    assert REGISTRY["vllm-v1"].options["max_num_seqs"] == Option(int, 256, True, "max_running")
+    assert REGISTRY["larry"].options["alpha"] == Option(float, 1.0, False, "alpha")
+    assert REGISTRY["vllm-ef"].options["reserve"].default == "peak"
+    assert REGISTRY["mcsf"].options == {} == REGISTRY["spt-waves"].options
+
+
+@pytest.mark.parametrize("name", list(REGISTRY))
+def test_every_registry_entry_builds_and_parses_its_options_by_type(name):
+    entry = REGISTRY[name]
+    policy = get_scheduler(name)
+    assert isinstance(policy, entry.cls) and policy.name == name
+    allowed = ", ".join(sorted(entry.options))
+    with pytest.raises(InputError) as info:
+        get_scheduler(f"{name}:bogus=1")
+    assert str(info.value).endswith(f"bogus: unknown option; allowed: {allowed}" if allowed else f"{name} takes no options")
+    for key, option in entry.options.items():
+        assert _option_value(policy, option.target) == option.default, key
+        text, value = GOOD_VALUES.get(option.kind, (option.default, option.default))
+        spec = f"{name}:{key}={text}"
+        built = get_scheduler(spec)
+        assert built.name == spec and _option_value(built, option.target) == value, spec
+        if option.optional:
+            assert _option_value(get_scheduler(f"{name}:{key}=none"), option.target) is None
+        # a str option is checked by the policy: its error names the option
+        bad_values = BAD_VALUES.get(option.kind, [("random", f"{option.target} must be")])
+        for bad, message in bad_values:
+            with pytest.raises(InputError) as info:
+                get_scheduler(f"{name}:{key}={bad}")
+            error = str(info.value)
+            assert "\n" not in error
+            if option.kind is str:
+                assert error.startswith(f"scheduler: {name}:{key}={bad}: ") and message in error, error
+            else:
+                assert error == f"scheduler: {name}:{key}={bad}: {key}: {message}"
 
 
 # ------------------------------------------------------------------ the seed paper's Figure 15

@@ -10,8 +10,10 @@ import pytest
 
 from kvbound.costs import CostModel
 from kvbound.errors import InputError
+from kvbound.io.cases import parse_case
+from kvbound.io.schedules import schedule_from_json
 from kvbound.schedule import METRIC_KEYS, Batch, ReplayState, Schedule, ScheduleError, Slo, validate
-from kvbound.workload import Instance, Request, SystemConfig, parse_case
+from kvbound.workload import Instance, Request, SystemConfig
 
 from .conftest import REPO
 
@@ -108,7 +110,7 @@ def test_doc_case_and_schedule_are_the_ones_typed_here():
     assert inst.requests == EXAMPLE_REQUESTS
     assert inst.system == EXAMPLE_SYSTEM
     assert inst.cost == EXAMPLE_COST
-    sched = Schedule.from_json(json.loads(_code_block(section, "json")))
+    sched = schedule_from_json(json.loads(_code_block(section, "json")))
     assert sched.requests == EXAMPLE_REQUESTS
     assert [(b.tokens, b.evict, b.start) for b in sched.batches] == \
         [(b.tokens, b.evict, b.start) for b in EXAMPLE_BATCHES]
@@ -402,7 +404,7 @@ def test_rule_unknown_request_id_in_json_is_bad_input():
     from kvbound.errors import InputError
 
     with pytest.raises(InputError, match=r"batches\[0\]\.tokens: request id 'x' is not an integer"):
-        Schedule.from_json({"requests": [{"id": 0, "prompt": 1, "output": 1}],
+        schedule_from_json({"requests": [{"id": 0, "prompt": 1, "output": 1}],
                             "batches": [{"tokens": {"x": 1}}]})
 
 

@@ -10,8 +10,9 @@ import math
 
 import pytest
 
-from kvbound import Schedule, load_case, run_scheduler, validate
-from kvbound.solvers.api import objective_value
+from kvbound import load_case, run_scheduler, validate
+from kvbound.io.schedules import schedule_from_json
+from kvbound.objective import Objective
 from tests.conftest import FIG15_TINY as FIG15
 from tests.oracle import brute_force
 
@@ -93,8 +94,8 @@ def solve_json(cli, path, *extra):
 
 def check_schedule_json(instance, data: dict, objective: str) -> float:
     """The printed schedule validates and its objective is exactly the printed one."""
-    sched = Schedule.from_json(data["schedule"])
-    value = objective_value(validate(instance, sched).metrics, objective)
+    sched = schedule_from_json(data["schedule"])
+    value = Objective(objective).of(validate(instance, sched).metrics)
     assert value == data["objective"]
     return value
 
@@ -237,15 +238,15 @@ def test_bound_text(cli, case):
 def check_better_than(data: dict, instance, objective: str, scheduler: str, by: float):
     assert data["verdict"] in VERDICTS and data["hypothesis"] and data["reason"]
     ev = data["evidence"]
-    reference = objective_value(run_scheduler(instance, scheduler).replay.metrics, objective)
+    reference = Objective(objective).of(run_scheduler(instance, scheduler).replay.metrics)
     assert ev["reference"]["objective"] == pytest.approx(reference, rel=1e-12)
     target = ev["target"]
     assert target == pytest.approx(reference * (1 - by / 100), rel=1e-12)
     opt = ev["optimum"]
     if data["verdict"] == "proved":
         # a validated witness at or below the target
-        sched = Schedule.from_json(opt["schedule"])
-        value = objective_value(validate(instance, sched).metrics, objective)
+        sched = schedule_from_json(opt["schedule"])
+        value = Objective(objective).of(validate(instance, sched).metrics)
         assert value == opt["objective"] and value <= target * (1 + 1e-9)
         if by <= 0:  # "better by 0%" means strictly better
             assert value < target
@@ -298,7 +299,7 @@ def test_prove_compare_default_vs_no_evict(cli, case, text, strictly_better):
     a, b = data["evidence"]["default"], data["evidence"]["no-evict"]
     for side in (a, b):
         assert side["objective"] is not None
-        sched = Schedule.from_json(side["schedule"])
+        sched = schedule_from_json(side["schedule"])
         assert validate(instance, sched).metrics.total_latency == side["objective"]
     assert b["evictions"] == 0
     if data["verdict"] == "proved":

@@ -18,18 +18,26 @@ import pytest
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
-from kvbound import CostModel, Instance, Request, Schedule, SystemConfig, load_case, validate
+from kvbound import CostModel, Instance, Request, SystemConfig, load_case, validate
 from kvbound.costs import PRESETS
 from kvbound.errors import KvboundError
 from kvbound.formulation import FORMULATION_KINDS
-from kvbound.formulation.base import Constraints, first_token_prefix, horizon_for, stops_at_first_tokens
+from kvbound.backends import BACKENDS
+from kvbound.backends.cpsat import solve_cpsat
+from kvbound.backends.highs import solve_highs
+from kvbound.constraints import Constraints
+from kvbound.deadline import Deadline
 from kvbound.formulation.bigm import build_bigm
+from kvbound.formulation.horizon import horizon_for
 from kvbound.formulation.network import build_network
-from kvbound.objective import OBJECTIVES
+from kvbound.formulation.units import tick_for
+from kvbound.io.schedules import schedule_from_json
+from kvbound.objective import Objective
 from kvbound.schedulers import FAST_HEURISTICS, run_scheduler
-from kvbound.solvers.api import (FORMULATIONS, _tick_for, heuristic_candidates, objective_value,
-                                 satisfies, solve)
-from kvbound.solvers.backends import BACKENDS, solve_cpsat, solve_highs
+from kvbound.solvers import SolveOptions, solve
+from kvbound.solvers.options import FORMULATIONS
+from kvbound.solvers.phases.heuristics import heuristic_candidates
+from kvbound.solvers.route import route
 from tests.conftest import REPO
 from tests.oracle import brute_force
 
@@ -63,14 +71,14 @@ LATE = inst([(3, 2), (2, 2, 1.0)], M=5, C=4)  # the second request arrives durin
 #: (id, instance, objective, no_evict): every objective with and without evictions, offline and online,
 #: block sizes 1 and 2, P < C, all six cost terms, the A100 preset
 FIXED = [
-    ("fig15-total", FIG15_O2, "total_latency", False),
-    ("fig15-total-no-evict", FIG15_O2, "total_latency", True),
-    ("idle-gap-total", IDLE_GAP, "total_latency", False),
-    ("prefill-limit-total-no-evict", PREFILL_LIMIT, "total_latency", True),
-    ("unit-mean", UNIT_PAIR, "mean_latency", False),
-    ("unit-mean-no-evict", UNIT_PAIR, "mean_latency", True),
-    ("late-ttft", LATE, "mean_ttft", False),
-    ("blocks2-ttft-no-evict", BLOCKS2, "mean_ttft", True),
+    ("fig15-total", FIG15_O2, Objective.TOTAL_LATENCY, False),
+    ("fig15-total-no-evict", FIG15_O2, Objective.TOTAL_LATENCY, True),
+    ("idle-gap-total", IDLE_GAP, Objective.TOTAL_LATENCY, False),
+    ("prefill-limit-total-no-evict", PREFILL_LIMIT, Objective.TOTAL_LATENCY, True),
+    ("unit-mean", UNIT_PAIR, Objective.MEAN_LATENCY, False),
+    ("unit-mean-no-evict", UNIT_PAIR, Objective.MEAN_LATENCY, True),
+    ("late-ttft", LATE, Objective.MEAN_TTFT, False),
+    ("blocks2-ttft-no-evict", BLOCKS2, Objective.MEAN_TTFT, True),
 ]
 
 
@@ -103,11 +111,11 @@ def check_schedule(instance, res, objective, cons):
     """The schedule passes the validator (through its JSON form) with exactly the reported objective,
     and meets the constraints."""
     assert res.schedule is not None and res.metrics is not None
-    again = Schedule.from_json(res.schedule.to_json())
+    again = schedule_from_json(res.schedule.to_json())
     metrics = validate(instance, again).metrics
-    assert objective_value(metrics, objective) == res.objective
+    assert Objective(objective).of(metrics) == res.objective
     assert metrics.to_dict() == res.metrics.to_dict()
-    assert satisfies(instance, again, Constraints(**{**cons.__dict__, "objective_cap": None})), cons
+    assert cons.admit(instance, again), cons
     if cons.no_evict:
         assert metrics.evictions == 0 and not any(bt.evict for bt in again.batches)
     if cons.objective_cap is not None:
@@ -128,14 +136,14 @@ def test_fixed_instances_solve_to_the_brute_force_optimum(backend, formulation, 
 
 def test_fixed_instances_are_what_they_claim():
     # the list covers what it should: evicting is strictly better where claimed, IDLE_GAP idles, limits bind
-    for instance, objective in ((FIG15_O2, "total_latency"), (UNIT_PAIR, "mean_latency"), (LATE, "mean_ttft"),
-                                (FIG15, "total_latency")):
+    for instance, objective in ((FIG15_O2, Objective.TOTAL_LATENCY), (UNIT_PAIR, Objective.MEAN_LATENCY), (LATE, Objective.MEAN_TTFT),
+                                (FIG15, Objective.TOTAL_LATENCY)):
         assert brute_force(instance, objective).value < brute_force(instance, objective, allow_evict=False).value
-    idle = validate(IDLE_GAP, brute_force(IDLE_GAP, "total_latency").schedule)
+    idle = validate(IDLE_GAP, brute_force(IDLE_GAP, Objective.TOTAL_LATENCY).schedule)
     assert (idle.batch_start[1:] > idle.batch_end[:-1] + 1e-9).any()
     assert {i.system.block_size for _, i, _, _ in FIXED} == {1, 2}
     assert any(i.system.max_prefill_tokens < i.system.max_batch_tokens for _, i, _, _ in FIXED)
-    assert {(o, n) for _, _, o, n in FIXED} == {(o, n) for o in OBJECTIVES for n in (True, False)}
+    assert {(o, n) for _, _, o, n in FIXED} == {(o, n) for o in Objective for n in (True, False)}
     assert {i.offline for _, i, _, _ in FIXED} == {True, False}
 
 
@@ -144,8 +152,8 @@ def test_fixed_instances_are_what_they_claim():
 def test_three_requests(backend, form):
     # docs/semantics.md section 13 (arrival at 1.5); its optimal makespan needs no eviction, so the Big-M
     # model (slow with evictions at this size) runs without them
-    _, opt = check_optimal(WORKED, "total_latency", backend, no_evict=form == "bigm", formulation=form)
-    assert opt == brute_force(WORKED, "total_latency").value
+    _, opt = check_optimal(WORKED, Objective.TOTAL_LATENCY, backend, no_evict=form == "bigm", formulation=form)
+    assert opt == brute_force(WORKED, Objective.TOTAL_LATENCY).value
 
 
 # ------------------------------------------------------------------------------ property tests
@@ -170,15 +178,10 @@ def tiny(draw, costs=("round", "all-terms", "unit", "a100", "kv-heavy")):
 
 
 def horizon(instance, objective, cons, formulation="bigm") -> int:
-    """The batch horizon `solve` will use (as in kvbound.solvers.api.solve)."""
-    cands = heuristic_candidates(instance, FAST_HEURISTICS, cons)
-    best = min(cands, key=lambda c: objective_value(c.metrics, objective))
-    J = horizon_for(instance, objective, objective_value(best.metrics, objective), allow_evict=not cons.no_evict,
-                    evict_batches_implicit=formulation in STATE_NETWORKS)[0]
-    prefix = best.schedule
-    if stops_at_first_tokens(objective, cons):
-        prefix = Schedule(instance.requests, first_token_prefix(instance, best.schedule.batches))
-    return max(J, FORMULATION_KINDS[formulation].batches_needed(prefix))
+    """The batch horizon `solve` will use: its route once its heuristics have run."""
+    options = SolveOptions(objective, formulation=formulation, constraints=cons)
+    best = min(heuristic_candidates(instance, options), key=lambda c: c.value)
+    return route(instance, options, BACKENDS["highs"], best.schedule, best.value).J
 
 
 def small_enough(instance, objective, cons, formulation, limit):
@@ -189,7 +192,7 @@ def small_enough(instance, objective, cons, formulation, limit):
     J = horizon(instance, objective, cons, formulation)
     if formulation in STATE_NETWORKS:
         event(f"{formulation}: J <= {4 * math.ceil(J / 4)}")
-        assume(J <= (2 * limit if objective == "total_latency" else limit))
+        assume(J <= (2 * limit if objective == Objective.TOTAL_LATENCY else limit))
         return
     event(f"bigm: J x requests <= {4 * math.ceil(J * len(instance) / 4)}")
     assume(J * len(instance) <= limit)
@@ -199,7 +202,7 @@ PROPERTY = dict(deadline=None, suppress_health_check=[HealthCheck.filter_too_muc
 
 
 @settings(max_examples=80, **PROPERTY)
-@given(instance=tiny(), objective=st.sampled_from(OBJECTIVES), no_evict=st.booleans(), form=st.sampled_from(FORMS))
+@given(instance=tiny(), objective=st.sampled_from(list(Objective)), no_evict=st.booleans(), form=st.sampled_from(FORMS))
 def test_highs_matches_the_oracle(instance, objective, no_evict, form):
     assume(form in STATE_NETWORKS or instance.cost != A100)  # see test_highs_bigm_optimum_on_the_a100_preset
     small_enough(instance, objective, Constraints(no_evict=no_evict), form, 16)
@@ -207,14 +210,14 @@ def test_highs_matches_the_oracle(instance, objective, no_evict, form):
 
 
 @settings(max_examples=20, **PROPERTY)
-@given(instance=tiny(), objective=st.sampled_from(OBJECTIVES), no_evict=st.booleans(), form=st.sampled_from(FORMS))
+@given(instance=tiny(), objective=st.sampled_from(list(Objective)), no_evict=st.booleans(), form=st.sampled_from(FORMS))
 def test_cpsat_matches_the_oracle(instance, objective, no_evict, form):
     small_enough(instance, objective, Constraints(no_evict=no_evict), form, 10)
     check_optimal(instance, objective, "cpsat", no_evict, formulation=form)
 
 
 @settings(max_examples=15, **PROPERTY)
-@given(instance=tiny(costs=("round", "all-terms", "unit", "kv-heavy")), objective=st.sampled_from(OBJECTIVES),
+@given(instance=tiny(costs=("round", "all-terms", "unit", "kv-heavy")), objective=st.sampled_from(list(Objective)),
        no_evict=st.booleans(), form=st.sampled_from(FORMS))
 def test_cbc_matches_the_oracle(instance, objective, no_evict, form):
     # A100 left out here: see test_cbc_bound_is_not_above_the_optimum_on_the_a100_preset
@@ -232,11 +235,11 @@ HARD_MEAN = [
 @pytest.mark.parametrize("name, instance, form", HARD_MEAN, ids=[h[0] for h in HARD_MEAN])
 def test_hard_mean_latency_instances_keep_valid_bounds(name, instance, form):
     # a short limit stops the proof; whatever is reported must still bracket the oracle's optimum
-    opt = brute_force(instance, "mean_latency").value
-    res = solve(instance, "mean_latency", "highs", 3.0, formulation=form)
+    opt = brute_force(instance, Objective.MEAN_LATENCY).value
+    res = solve(instance, Objective.MEAN_LATENCY, "highs", 3.0, formulation=form)
     assert res.status in ("optimal", "feasible") and res.bound_certified
     assert res.lower_bound <= opt * (1 + BOUND_REL) and res.objective >= opt * (1 - REL)
-    check_schedule(instance, res, "mean_latency", Constraints())
+    check_schedule(instance, res, Objective.MEAN_LATENCY, Constraints())
 
 
 # ------------------------------------------------------------------------------ warm starts
@@ -244,7 +247,7 @@ def test_hard_mean_latency_instances_keep_valid_bounds(name, instance, form):
 @pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_warm_start_is_accepted(backend, form):
-    res, _ = check_optimal(UNIT_PAIR, "mean_latency", backend, formulation=form)
+    res, _ = check_optimal(UNIT_PAIR, Objective.MEAN_LATENCY, backend, formulation=form)
     assert res.stats["warm_start"] in set(FAST_HEURISTICS) | {"serial"}
     assert res.stats["warm_start_accepted"] is True
 
@@ -252,14 +255,14 @@ def test_warm_start_is_accepted(backend, form):
 @pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_no_warm_start_still_solves(backend, form):
-    res, _ = check_optimal(IDLE_GAP, "total_latency", backend, warm_start=None, formulation=form)
+    res, _ = check_optimal(IDLE_GAP, Objective.TOTAL_LATENCY, backend, warm_start=None, formulation=form)
     assert res.stats["warm_start"] is None
     assert res.stats["warm_start_accepted"] is None
 
 
 @pytest.mark.parametrize("name", ["vllm", "sarathi", "mcsf"])
 def test_warm_start_from_one_named_heuristic(name):
-    res, _ = check_optimal(IDLE_GAP, "total_latency", "highs", warm_start=[name])
+    res, _ = check_optimal(IDLE_GAP, Objective.TOTAL_LATENCY, "highs", warm_start=[name])
     assert res.stats["warm_start"] in (name, "serial")
     assert res.stats["warm_start_accepted"] is True
 
@@ -268,9 +271,9 @@ def test_cpsat_keeps_a_hint_it_is_forced_to():
     # fixing every variable to the hint leaves CP-SAT exactly one point: it must be feasible there
     sched = run_scheduler(PREFILL_LIMIT, "sarathi").schedule
     value = validate(PREFILL_LIMIT, sched).metrics.total_latency
-    J = horizon_for(PREFILL_LIMIT, "total_latency", value)[0]
-    form = build_bigm(PREFILL_LIMIT, "total_latency", J, tick=_tick_for(PREFILL_LIMIT, J))
-    out = solve_cpsat(form.model.finalize(), 20, form.warm_start(sched), fix_to_hint=True)
+    J = horizon_for(PREFILL_LIMIT, Objective.TOTAL_LATENCY, value)[0]
+    form = build_bigm(PREFILL_LIMIT, Objective.TOTAL_LATENCY, J, tick=tick_for(PREFILL_LIMIT, J))
+    out = solve_cpsat(form.model.finalize(), Deadline(20), form.warm_start(sched), fix_to_hint=True)
     assert out.status == "optimal" and out.warm_start_accepted is True
     assert out.objective / form.objective_scale() == pytest.approx(value, rel=1e-9)
 
@@ -284,13 +287,13 @@ PRESOLVE_LOSES_OPTIMUM = Instance((Request(2, 2), Request(3, 2, 0.25)), SystemCo
 def test_cpsat_presolve_does_not_lose_the_optimum():
     # 30 runs: with the default presolve, at least one of them went wrong in each of 6 tries on an
     # idle 2-core machine (a race between CP-SAT's workers: a loaded machine shows it less often)
-    instance, objective = PRESOLVE_LOSES_OPTIMUM, "total_latency"
+    instance, objective = PRESOLVE_LOSES_OPTIMUM, Objective.TOTAL_LATENCY
     opt = brute_force(instance, objective).value
     hint = run_scheduler(instance, "sarathi-pc")  # the hint (3.45 s) of the runs that went wrong
     J = horizon_for(instance, objective, hint.replay.metrics.total_latency, evict_batches_implicit=True)[0]
-    form = build_network(instance, objective, J, tick=_tick_for(instance, J))
+    form = build_network(instance, objective, J, tick=tick_for(instance, J))
     arrays, warm = form.model.finalize(), form.warm_start(hint.schedule)
-    claimed = [solve_cpsat(arrays, 60, warm, workers=2) for _ in range(30)]
+    claimed = [solve_cpsat(arrays, Deadline(60), warm, workers=2) for _ in range(30)]
     assert {out.status for out in claimed} == {"optimal"}
     assert [out.bound / form.objective_scale() for out in claimed] == pytest.approx([opt] * len(claimed), rel=1e-9)
 
@@ -306,16 +309,16 @@ NEEDS_LP_WORKERS = Instance(
 
 @pytest.mark.parametrize("form", FORMS)
 def test_cpsat_runs_its_lp_workers_on_few_cores(form):
-    check_optimal(NEEDS_LP_WORKERS, "mean_latency", "cpsat", formulation=form, time_limit=20)
+    check_optimal(NEEDS_LP_WORKERS, Objective.MEAN_LATENCY, "cpsat", formulation=form, time_limit=20)
 
 
 def test_cpsat_that_overruns_its_limit_is_killed():
     # no grace and a 1 ms limit: CP-SAT cannot answer within 1.1 ms of starting, so it is killed
     instance = load_case(REPO / "cases" / "example.toml")
     sched = run_scheduler(instance, "sarathi").schedule
-    J = horizon_for(instance, "total_latency", validate(instance, sched).metrics.total_latency)[0]
-    form = build_bigm(instance, "total_latency", J, tick=_tick_for(instance, J))
-    out = solve_cpsat(form.model.finalize(), 0.001, form.warm_start(sched), grace=0.0)
+    J = horizon_for(instance, Objective.TOTAL_LATENCY, validate(instance, sched).metrics.total_latency)[0]
+    form = build_bigm(instance, Objective.TOTAL_LATENCY, J, tick=tick_for(instance, J))
+    out = solve_cpsat(form.model.finalize(), Deadline(0.001), form.warm_start(sched), grace=0.0)
     assert out.status == "unknown" and out.x is None and out.bound == -math.inf
     assert out.stats["model_status"] == "KILLED" and "did not return" in out.stats["killed"]
 
@@ -324,9 +327,9 @@ def test_highs_keeps_the_warm_start_when_stopped_at_once():
     # with (almost) no time HiGHS can only return the start it was given (or better)
     sched = run_scheduler(PREFILL_LIMIT, "sarathi").schedule
     value = validate(PREFILL_LIMIT, sched).metrics.mean_latency
-    J = horizon_for(PREFILL_LIMIT, "mean_latency", value)[0]
-    form = build_bigm(PREFILL_LIMIT, "mean_latency", J)
-    out = solve_highs(form.model.finalize(), 0.01, form.warm_start(sched))
+    J = horizon_for(PREFILL_LIMIT, Objective.MEAN_LATENCY, value)[0]
+    form = build_bigm(PREFILL_LIMIT, Objective.MEAN_LATENCY, J)
+    out = solve_highs(form.model.finalize(), Deadline(0.01), form.warm_start(sched))
     assert out.x is not None and out.warm_start_accepted is True
     assert out.objective / form.objective_scale() <= value * (1 + 1e-9)
     assert validate(PREFILL_LIMIT, form.extract(out.x)).metrics.mean_latency <= value * (1 + 1e-9)
@@ -339,12 +342,12 @@ def test_tiny_time_limit_returns_in_time_with_a_valid_schedule(backend, form):
     # 4 requests, I = 16, O = 4, M = 32, A100 preset (cases/example.toml): not solvable in 0.5 s
     instance = load_case(REPO / "cases" / "example.toml")
     t0 = time.perf_counter()
-    res = solve(instance, "total_latency", backend, 0.5, formulation=form)
+    res = solve(instance, Objective.TOTAL_LATENCY, backend, 0.5, formulation=form)
     wall = time.perf_counter() - t0
     assert wall <= 0.5 + 6.0, wall
     assert res.status in ("optimal", "feasible")
     assert res.objective is not None and res.schedule is not None
-    replay = validate(instance, Schedule.from_json(res.schedule.to_json()))
+    replay = validate(instance, schedule_from_json(res.schedule.to_json()))
     assert replay.metrics.total_latency == res.objective
     assert res.lower_bound <= res.objective * (1 + BOUND_REL)
     assert res.gap is not None and res.gap >= 0
@@ -353,7 +356,7 @@ def test_tiny_time_limit_returns_in_time_with_a_valid_schedule(backend, form):
 
 @pytest.mark.parametrize("form", FORMS)
 def test_short_horizon_gives_a_conditional_bound(form):
-    objective = "mean_latency"
+    objective = Objective.MEAN_LATENCY
     J = horizon(FIG15_O2, objective, Constraints(), form)
     assert J >= 3
     res = solve(FIG15_O2, objective, "highs", TIME_LIMIT, horizon=2, formulation=form)
@@ -389,10 +392,10 @@ def constraint_sets(draw, n: int):
 
 
 @settings(max_examples=50, **PROPERTY)
-@given(instance=tiny(costs=("round", "all-terms", "unit")), objective=st.sampled_from(OBJECTIVES), data=st.data())
+@given(instance=tiny(costs=("round", "all-terms", "unit")), objective=st.sampled_from(list(Objective)), data=st.data())
 def test_constraints_hold_in_the_optimal_schedule(instance, objective, data):
     cons = data.draw(constraint_sets(len(instance)), label="constraints")
-    if objective == "mean_ttft" and not cons.no_evict:
+    if objective == Objective.MEAN_TTFT and not cons.no_evict:
         cons = Constraints(**{**cons.__dict__, "no_evict": True})  # see test_mean_ttft_completion_meets_the_constraints
     P = min(instance.system.max_prefill_tokens, instance.system.max_batch_tokens)
     if cons.no_chunk:  # an unchunked prompt longer than P can never be served
@@ -407,7 +410,7 @@ def test_constraints_hold_in_the_optimal_schedule(instance, objective, data):
     free = brute_force(instance, objective, allow_evict=not cons.no_evict, max_batch_size=cons.max_batch_size)
     assert res.objective >= free.value * (1 - REL)
     assert res.lower_bound <= res.objective * (1 + BOUND_REL)
-    if satisfies(instance, free.schedule, cons):
+    if cons.admit(instance, free.schedule):
         assert res.objective == pytest.approx(free.value, rel=REL)
     if cons == Constraints(no_evict=cons.no_evict, max_batch_size=cons.max_batch_size):
         # the oracle handles exactly these two: the optimum must match it
@@ -417,7 +420,7 @@ def test_constraints_hold_in_the_optimal_schedule(instance, objective, data):
 @pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("backend", ["highs", "cpsat"])
 def test_max_batch_size_matches_the_oracle(backend, form):
-    check_optimal(UNIT_PAIR, "mean_latency", backend, constraints=Constraints(max_batch_size=1), formulation=form)
+    check_optimal(UNIT_PAIR, Objective.MEAN_LATENCY, backend, constraints=Constraints(max_batch_size=1), formulation=form)
 
 
 def test_admission_order_is_followed():
@@ -426,9 +429,9 @@ def test_admission_order_is_followed():
     values = {}
     for order in ((0, 1), (1, 0)):
         cons = Constraints(admission_order=order, max_batch_size=1)
-        res = solve(instance, "mean_latency", "highs", TIME_LIMIT, constraints=cons)
+        res = solve(instance, Objective.MEAN_LATENCY, "highs", TIME_LIMIT, constraints=cons)
         assert res.status == "optimal"
-        check_schedule(instance, res, "mean_latency", cons)
+        check_schedule(instance, res, Objective.MEAN_LATENCY, cons)
         first = {}
         for j, bt in enumerate(res.schedule.batches):
             for i in bt.tokens:
@@ -441,7 +444,7 @@ def test_admission_order_is_followed():
 @pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_objective_cap_below_the_optimum_is_infeasible(backend, form):
-    objective = "total_latency"
+    objective = Objective.TOTAL_LATENCY
     opt = brute_force(FIG15_O2, objective).value
     res = solve(FIG15_O2, objective, backend, TIME_LIMIT, constraints=Constraints(objective_cap=opt * 0.97),
                 formulation=form)
@@ -454,7 +457,7 @@ def test_objective_cap_below_the_optimum_is_infeasible(backend, form):
 @pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("backend", ["highs", "cpsat"])
 def test_objective_cap_above_the_optimum_keeps_the_optimum(backend, form):
-    objective = "mean_latency"
+    objective = Objective.MEAN_LATENCY
     opt = brute_force(UNIT_PAIR, objective).value
     cons = Constraints(objective_cap=opt * 1.001)
     res, _ = check_optimal(UNIT_PAIR, objective, backend, constraints=cons, expected=opt, formulation=form)
@@ -462,7 +465,7 @@ def test_objective_cap_above_the_optimum_keeps_the_optimum(backend, form):
 
 
 def test_objective_cap_at_the_optimum_is_feasible():
-    objective = "total_latency"
+    objective = Objective.TOTAL_LATENCY
     opt = brute_force(IDLE_GAP, objective).value
     check_optimal(IDLE_GAP, objective, "highs", constraints=Constraints(objective_cap=opt), expected=opt)
 
@@ -471,16 +474,16 @@ def test_unsatisfiable_constraints_are_an_error_not_a_crash():
     # no chunking with a prompt longer than P: no heuristic schedule, no horizon to certify
     instance = inst([(4, 2), (1, 1)], M=6, C=4, P=2)
     with pytest.raises(KvboundError, match="horizon"):
-        solve(instance, "total_latency", "highs", 5, constraints=Constraints(no_chunk=True))
+        solve(instance, Objective.TOTAL_LATENCY, "highs", 5, constraints=Constraints(no_chunk=True))
 
 
 def test_bad_arguments():
     with pytest.raises(KvboundError, match="solver"):
-        solve(WORKED, "total_latency", "gurobi", 5)
+        solve(WORKED, Objective.TOTAL_LATENCY, "gurobi", 5)
     with pytest.raises(KvboundError, match="objective"):
         solve(WORKED, "p99_latency", "highs", 5)
     with pytest.raises(KvboundError, match="formulation"):
-        solve(WORKED, "total_latency", "highs", 5, formulation="nonsense")
+        solve(WORKED, Objective.TOTAL_LATENCY, "highs", 5, formulation="nonsense")
 
 
 # ------------------------------------------------------------------------------ regressions
@@ -501,43 +504,43 @@ TTFT_CASE = inst([(1, 1), (1, 2), (1, 2)], M=3, C=2, P=1)
 def test_mean_ttft_completion_meets_the_constraints(cons, form):
     # for mean_ttft with evictions the model stops at the first tokens; the completion after them
     # must meet the constraints too
-    res = solve(TTFT_CASE, "mean_ttft", "highs", TIME_LIMIT, constraints=cons, formulation=form)
+    res = solve(TTFT_CASE, Objective.MEAN_TTFT, "highs", TIME_LIMIT, constraints=cons, formulation=form)
     assert res.status == "optimal"
-    check_schedule(TTFT_CASE, res, "mean_ttft", cons)
+    check_schedule(TTFT_CASE, res, Objective.MEAN_TTFT, cons)
 
 
 @pytest.mark.parametrize("form", FORMS)
 def test_cbc_bound_is_not_above_the_optimum_on_the_a100_preset(form):
     # CBC's point comes back through a text file with ~10 significant digits; in seconds (4 ms
     # batches) its bound came out above the exact optimum
-    check_optimal(FIG15, "total_latency", "cbc", no_evict=True, formulation=form)
+    check_optimal(FIG15, Objective.TOTAL_LATENCY, "cbc", no_evict=True, formulation=form)
 
 
 def test_highs_bigm_optimum_on_the_a100_preset():
     # in seconds, HiGHS's absolute tolerances (~1e-7) let it stop at a schedule 5e-5 worse than the
     # optimum with a bound above the optimum; the model's clock in intercepts fixes that
-    check_optimal(FIG15_O2, "total_latency", "highs", warm_start=["mcsf"], formulation="bigm")
+    check_optimal(FIG15_O2, Objective.TOTAL_LATENCY, "highs", warm_start=["mcsf"], formulation="bigm")
 
 
 def test_cpsat_arrival_that_is_a_tick_multiple_only_up_to_rounding():
     # 3 * 0.1 = 0.30000000000000004 is 3 ticks of 0.1 s; rounding it up to 4 ticks lost a tick of bound
     instance = Instance((Request(1, 1), Request(1, 1), Request(1, 1, 3 * 0.1)), SystemConfig(1, 1),
                         CostModel(intercept=0.2, per_token=0.3, decode_kv=0.5, prefill_kv=0.4))
-    check_optimal(instance, "mean_latency", "cpsat", formulation="bigm")
+    check_optimal(instance, Objective.MEAN_LATENCY, "cpsat", formulation="bigm")
 
 
 def test_highs_presolve_that_cuts_off_the_optimum_is_caught():
     # HiGHS 1.13-1.15's MIP presolve reports "optimal" 0.0189 on this network model, above a feasible
     # MIP start worth 0.0170 (the optimum); solve_highs repeats such a solve without presolve
     instance = inst([(3, 1), (3, 2)], M=4, C=2, P=1, cost=A100)
-    opt = brute_force(instance, "mean_ttft")
-    res, _ = check_optimal(instance, "mean_ttft", "highs", formulation="network", expected=opt.value)
-    J = horizon(instance, "mean_ttft", Constraints(), "network")
-    form = build_network(instance, "mean_ttft", J)
+    opt = brute_force(instance, Objective.MEAN_TTFT)
+    res, _ = check_optimal(instance, Objective.MEAN_TTFT, "highs", formulation="network", expected=opt.value)
+    J = horizon(instance, Objective.MEAN_TTFT, Constraints(), "network")
+    form = build_network(instance, Objective.MEAN_TTFT, J)
     arrays = form.model.finalize()
     warm = form.warm_start(opt.schedule)
     assert arrays.check(warm) == []
-    out = solve_highs(arrays, TIME_LIMIT, warm)
+    out = solve_highs(arrays, Deadline(TIME_LIMIT), warm)
     assert out.status == "optimal"
     assert out.bound / form.objective_scale() <= opt.value * (1 + BOUND_REL)
 
@@ -550,7 +553,7 @@ def test_highs_presolve_that_cuts_off_the_optimum_below_a_worse_warm_start_is_ca
     instance = Instance((Request(3, 2), Request(2, 1, 0.00185988)), SystemConfig(6, 2, 1, 1),
                         CostModel(intercept=0.00371976, per_token=6.52783e-05, decode_kv=3.7449142857142855e-07,
                                   prefill_attention=1.6804102564102565e-09))
-    check_optimal(instance, "mean_latency", "highs", formulation=form)  # the oracle's optimum, bound not above it
+    check_optimal(instance, Objective.MEAN_LATENCY, "highs", formulation=form)  # the oracle's optimum, bound not above it
 
 
 def test_highs_answer_whose_objective_is_not_its_solution_is_solved_again():
@@ -559,12 +562,12 @@ def test_highs_answer_whose_objective_is_not_its_solution_is_solved_again():
     # solve_highs checks the objective against its solution's and solves again without presolve
     instance = inst([(3, 1), (1, 3)], M=5, C=4, P=3, cost=ALL_TERMS)
     cons = Constraints(no_evict=True, no_chunk=True)
-    res, opt = check_optimal(instance, "total_latency", "highs", constraints=cons)
-    form = build_bigm(instance, "total_latency", res.stats["horizon"], cons)
+    res, opt = check_optimal(instance, Objective.TOTAL_LATENCY, "highs", constraints=cons)
+    form = build_bigm(instance, Objective.TOTAL_LATENCY, res.stats["horizon"], cons)
     arrays = form.model.finalize()
     warm = form.warm_start(run_scheduler(instance, "vllm").schedule)
     assert arrays.check(warm) == []
-    out = solve_highs(arrays, TIME_LIMIT, warm)
+    out = solve_highs(arrays, Deadline(TIME_LIMIT), warm)
     assert out.objective == pytest.approx(float(arrays.objective @ out.x + arrays.objective_offset), rel=1e-9)
     assert out.status == "optimal" and out.objective == pytest.approx(opt, rel=REL)
     assert out.bound <= opt * (1 + BOUND_REL)
@@ -577,18 +580,18 @@ def test_cpsat_with_a_non_decimal_preset_and_arrivals(form, M):
     # times near 2^40 units let CP-SAT "prove" a bound 9% above this model's feasible optimum
     # (found by test_cpsat_matches_the_oracle). The tick now keeps the model's magnitudes moderate.
     instance = Instance((Request(1, 1), Request(1, 1), Request(1, M, 0.00557964)), SystemConfig(M, 1, 1), A100)
-    res, _ = check_optimal(instance, "total_latency", "cpsat", formulation=form)
+    res, _ = check_optimal(instance, Objective.TOTAL_LATENCY, "cpsat", formulation=form)
     assert res.stats["bound_discarded"] is None
 
 
 def test_a_schedule_that_meets_the_analytic_bound_is_returned_without_a_model():
     # UNIT_PAIR, mean latency: a heuristic reaches the analytic bound, so no model is built (real traces
     # had such cases run their whole time limit and 1.8 GB); skip_proven=False still runs the backend
-    res = solve(UNIT_PAIR, "mean_latency", "highs", 30)
+    res = solve(UNIT_PAIR, Objective.MEAN_LATENCY, "highs", 30)
     assert res.status == "optimal" and res.success and res.objective == res.lower_bound == res.analytic_bound
     assert "meets the analytic bound" in res.backend_stats["skipped"] and res.build_seconds == 0
-    assert res.objective == brute_force(UNIT_PAIR, "mean_latency").value
-    forced = solve(UNIT_PAIR, "mean_latency", "highs", 30, skip_proven=False)
+    assert res.objective == brute_force(UNIT_PAIR, Objective.MEAN_LATENCY).value
+    forced = solve(UNIT_PAIR, Objective.MEAN_LATENCY, "highs", 30, skip_proven=False)
     assert forced.status == "optimal" and "skipped" not in forced.backend_stats and forced.build_seconds > 0
     # a case a heuristic does not prove still builds its model
-    assert "skipped" not in solve(FIG15_O2, "mean_latency", "highs", 30).backend_stats
+    assert "skipped" not in solve(FIG15_O2, Objective.MEAN_LATENCY, "highs", 30).backend_stats

@@ -7,7 +7,9 @@ import math
 import pytest
 
 from kvbound.costs import PRESETS, CostModel
-from kvbound.workload import Request, load_case, load_trace
+from kvbound.io.cases import load_case
+from kvbound.io.traces import load_trace
+from kvbound.workload import Request
 
 VALID = """\
 name = "ok"

@@ -14,7 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..errors import InputError
-from ..schedule import Schedule, Slo, validate
+from ..io.schedules import schedule_from_json
+from ..schedule import Slo, validate
 from ..schedulers import get_scheduler, simulate
 from ..workload import Instance, Request
 
@@ -53,7 +54,7 @@ def base_rate(instance: Instance) -> float:
 
 def slo_attainment(instance: Instance, scheduler: str, slo: Slo) -> float:
     sim = simulate(instance, get_scheduler(scheduler))
-    replay = validate(instance, Schedule.from_json(sim.schedule.to_json()))
+    replay = validate(instance, schedule_from_json(sim.schedule.to_json()))
     return replay.apply_slo(slo).slo_attainment
 
 

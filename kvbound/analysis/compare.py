@@ -23,16 +23,18 @@ from dataclasses import dataclass, field
 
 from ..deadline import Deadline
 from ..errors import InputError, SchedulerRefused, SchedulerStuck
-from ..formulation.bounds import analytic_bounds
+from ..io.schedules import schedule_from_json
+from ..bounds.analytic import analytic_bounds
 from ..schedule import Metrics, Schedule, Slo, validate
 from ..schedulers import FAST_HEURISTICS, SCHEDULERS, get_scheduler, simulate
+from ..solvers.driver import solve_with
 from ..solvers.options import SolveOptions
 from ..workload import Instance
 
 #: the keys of one row of `kvbound compare --json` (a contract), in order
 ROW_KEYS = ("scheduler", "total_latency", "mean_latency", "mean_ttft", "mean_tpot", "p99_ttft", "p99_tpot",
             "batches", "evictions", "recomputed_tokens", "peak_kv",
-            # issue 16: the papers' metrics (slo_attainment is null unless an SLO is given)
+            # the papers' metrics (slo_attainment is null unless an SLO is given)
             "p50_ttft", "p95_ttft", "mean_tbt", "p99_tbt", "p50_normalized_latency", "p95_normalized_latency",
             "slo_attainment", "gap_to_bound", "gap_to_best")
 METRIC_COLUMNS = ROW_KEYS[1:-2]
@@ -78,7 +80,7 @@ class ComparisonTable:
     best_known: float | None  # best objective value of any row
     rows: list[ComparisonRow]
     bound_source: str = ""  # which bound `lower_bound` is
-    solve_result: object | None = field(default=None, repr=False)  # kvbound.solvers.api.Result when solved
+    solve_result: object | None = field(default=None, repr=False)  # kvbound.solvers.Result when solved
 
     def row(self, scheduler: str) -> ComparisonRow:
         for r in self.rows:
@@ -194,16 +196,14 @@ def compare(instance: Instance, schedulers="all", *, solve: bool = False, option
     names = resolve_schedulers(schedulers)
     rows = [_run(instance, name, slo) for name in names]
     # analytic bounds hold for every schedule; a solver bound only when its horizon is certified
-    bounds = [(b.value, b.name) for b in analytic_bounds(instance, objective) if b.certified and math.isfinite(b.value)]
+    bounds = [(b.value, b.name) for b in analytic_bounds(instance, options.objective) if b.certified and math.isfinite(b.value)]
     result = None
     if solve:
-        from ..solvers.api import solve_with
-
         # warm-start from the compared schedulers too, so the optimum row is never worse than any of them
         warm = list(dict.fromkeys([*FAST_HEURISTICS, *names]))
         result = solve_with(instance, options.but(warm_start=warm), deadline)
         if result.schedule is not None:
-            replay = validate(instance, Schedule.from_json(result.schedule.to_json()))
+            replay = validate(instance, schedule_from_json(result.schedule.to_json()))
             best_row = ComparisonRow(OPTIMAL, replay.apply_slo(slo), result.schedule, status=result.status)
         else:
             best_row = ComparisonRow(OPTIMAL, None, refused=f"the solver found no schedule ({result.status})",
@@ -229,5 +229,5 @@ def _run(instance: Instance, spec: str, slo: Slo | None = None) -> ComparisonRow
     except (SchedulerRefused, SchedulerStuck) as exc:
         return ComparisonRow(spec, None, refused=str(exc))
     # the table reports the validator's replay of the schedule's JSON form, not the simulator's own numbers
-    replay = validate(instance, Schedule.from_json(sim.schedule.to_json()))
+    replay = validate(instance, schedule_from_json(sim.schedule.to_json()))
     return ComparisonRow(spec, replay.apply_slo(slo), sim.schedule)

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from ..errors import InputError
 from ..fileio import write_json_atomic
+from ..io.schedules import dump_schedule, load_schedule
 from ..schedule import Batch, Schedule, ScheduleError
 from ..workload import Instance
 from .roles import schedule_roles
@@ -151,7 +152,7 @@ def _id_list(source: str, where: str, ids) -> list[int]:
 
 def export_precomputed(instance: Instance, schedule_path: str | Path, out: str | Path) -> dict:
     """Read a schedule JSON, validate it on `instance` and write the paper's form to `out`."""
-    data = to_precomputed(instance, Schedule.load(schedule_path))
+    data = to_precomputed(instance, load_schedule(schedule_path))
     write_json_atomic(out, data)
     return data
 
@@ -167,5 +168,5 @@ def import_precomputed(instance: Instance, path: str | Path, out: str | Path | N
         raise InputError(str(path), "", f"malformed JSON: {exc}") from None
     schedule = from_precomputed(instance, data, str(path))  # validated there
     if out is not None:
-        schedule.dump(out)
+        dump_schedule(schedule, out)
     return schedule

@@ -1,4 +1,4 @@
-"""`kvbound compare`, `kvbound plot`, `kvbound sweep`, `kvbound export`/`import` (issue 6).
+"""`kvbound compare`, `kvbound plot`, `kvbound sweep`, `kvbound export`/`import`.
 
 Thin wrappers over kvbound.analysis; matplotlib, tqdm and ray are imported only when a
 command needs them. An invalid schedule (plot, export, import) is exit status 1, like
@@ -13,8 +13,9 @@ from pathlib import Path
 
 from .. import progress
 from ..deadline import Deadline
-from ..schedule import Schedule, ScheduleError
-from ..workload import load_case
+from ..io.cases import load_case
+from ..io.schedules import load_schedule
+from ..schedule import ScheduleError
 from .args import add_backend, add_objective, add_slo, add_time_limit, positive, solve_options
 
 
@@ -119,7 +120,7 @@ def cmd_plot(args) -> int:
 
     check_out_path(args.out)
     instance = load_case(args.case)
-    plot_schedule(instance, Schedule.load(args.schedule), args.out, title=args.title)
+    plot_schedule(instance, load_schedule(args.schedule), args.out, title=args.title)
     print(f"chart written to {args.out}")
     return 0
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 import math
 
+from ..backends import BACKENDS
 from ..errors import InputError
+from ..formulation import FORMULATION_KINDS
 from ..objective import OBJECTIVES, Objective
-from ..solvers.api import FORMULATIONS
-from ..solvers.backends import BACKENDS
-from ..solvers.options import DEFAULT_TIME_LIMIT, SolveOptions
+from ..solvers.options import DEFAULT_TIME_LIMIT, FORMULATIONS, SEARCH, SEARCH_ALIAS, SolveOptions
+from ..workload import MAX_INT
 
 
 class Parser(argparse.ArgumentParser):
@@ -17,8 +18,6 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"error: {message} (see `{self.prog} --help`)\n")
 
 
-#: integers kvbound accepts anywhere: below 2^53, so that they are exact in the float models
-MAX_INT = 2 ** 53 - 1
 #: the longest --time-limit, seconds (about 11.6 days)
 MAX_TIME_LIMIT = 1e6
 
@@ -89,13 +88,13 @@ def add_time_limit(p, help: str = "seconds") -> None:
 
 def add_backend(p, help: str | None = None) -> None:
     """`--solver` and `--formulation`: which backend solves which model."""
-    p.add_argument("--solver", default=SolveOptions.backend, choices=BACKENDS, help=help)
+    solvers = "; ".join(f"{b.name}: {b.summary}" for b in BACKENDS.values())
+    p.add_argument("--solver", default=SolveOptions.backend, choices=BACKENDS, help=help or solvers)
+    models = "; ".join(f"{k.name}: {k.summary}" for k in FORMULATION_KINDS.values())
     p.add_argument("--formulation", default=SolveOptions.formulation, choices=FORMULATIONS,
-                   help="chain: per-class state network with one arc per token (strong, size ~ I); network: one "
-                        "arc per chunk (size ~ I^2); bigm: the seed paper's model; lagrangian: no model, a "
-                        "Lagrangian bound (mean objectives), packing (total latency) and a search over "
-                        "admission orders until the time limit; "
-                        "auto (default): chain while it is small enough, else bigm, else lagrangian")
+                   help=f"{models}; {SEARCH} (or {SEARCH_ALIAS}): no model, a Lagrangian bound (mean objectives), "
+                        "the configuration LP and packing (total latency) and a search over admission orders until "
+                        f"the time limit; auto (default): the first model small enough, else {SEARCH}")
 
 
 def solve_options(args, **more) -> SolveOptions:

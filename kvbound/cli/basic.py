@@ -7,9 +7,10 @@ import sys
 from ..fileio import write_user_file, write_user_json
 from ..generate import MAX_RATE, MIN_RATE
 from ..workload import MAX_REQUESTS
-from ..schedule import Metrics, Schedule, ScheduleError, validate
+from ..io.schedules import load_schedule, schedule_from_json
+from ..schedule import Metrics, ScheduleError, validate
 from ..schedulers import SCHEDULERS, run_scheduler
-from ..workload import load_case
+from ..io.cases import load_case
 from .args import add_slo
 
 
@@ -74,7 +75,7 @@ def cmd_simulate(args) -> int:
     result = run_scheduler(instance, args.scheduler)
     schedule_json = result.schedule.to_json()
     # every schedule is checked by the validator, from its JSON form, before it is reported
-    replay = validate(instance, Schedule.from_json(schedule_json))
+    replay = validate(instance, schedule_from_json(schedule_json))
     replay.apply_slo(args.slo)
     if args.out:
         write_user_json(args.out, schedule_json)
@@ -92,7 +93,7 @@ def cmd_simulate(args) -> int:
 
 def cmd_validate(args) -> int:
     instance = load_case(args.case)
-    schedule = Schedule.load(args.schedule)
+    schedule = load_schedule(args.schedule)
     try:
         replay = validate(instance, schedule)
         replay.apply_slo(args.slo)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import sys
 
-from ..workload import load_case
+from ..io.cases import load_case
 from .args import positive, slo_type
 
 

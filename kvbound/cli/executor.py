@@ -17,8 +17,9 @@ import numpy as np
 from ..engine_bridge.config import SHAPES
 from ..errors import InputError, KvboundError
 from ..fileio import write_user_file
-from ..schedule import Schedule, ScheduleError, validate
-from ..workload import load_case, load_cost_file
+from ..io.cases import load_case, load_cost_file
+from ..io.schedules import load_schedule
+from ..schedule import ScheduleError, validate
 from .args import positive, seed
 
 #: where `calibrate` looks for GPU operator profiles unless --profiling names a folder
@@ -206,7 +207,7 @@ def _operator_points(path: Path) -> tuple[np.ndarray, np.ndarray]:
 
 def cmd_replay(args) -> int:
     instance = load_case(args.case)
-    schedule = Schedule.load(args.schedule)
+    schedule = load_schedule(args.schedule)
     try:
         validate(instance, schedule)
     except ScheduleError as exc:

@@ -9,10 +9,10 @@ from .. import interrupt, progress
 from ..deadline import Deadline
 from ..errors import InputError
 from ..fileio import write_user_json
-from ..formulation.base import Constraints
+from ..constraints import Constraints
 from ..schedulers import FAST_HEURISTICS, SCHEDULERS
-from ..solvers.api import solve_with
-from ..workload import load_case
+from ..solvers.driver import lower_bounds, solve_with
+from ..io.cases import load_case
 from .args import add_backend, add_objective, add_time_limit, percent, positive, solve_options
 
 
@@ -72,11 +72,11 @@ def _fmt(v) -> str:
 
 
 def cmd_solve(args) -> int:
-    deadline = Deadline(args.time_limit)
     constraints = Constraints(no_evict=args.no_evict, no_chunk=args.no_chunk, no_hybrid=args.no_hybrid,
                               max_batch_size=args.max_batch_size)
     options = solve_options(args, warm_start=_warm(args.warm_start), horizon=args.horizon, constraints=constraints,
                             verbose=args.verbose, export=args.export)
+    deadline = Deadline(options.time_limit)  # from here: reading the case counts too
     instance = load_case(args.case)
     with progress.line(not args.json):
         res = solve_with(instance, options, deadline)
@@ -103,8 +103,8 @@ def _report_solve(args, instance, options, res) -> int:
     print(f"  horizon      J = {res.horizon}: {res.horizon_reason}")
     if res.constraints:
         print(f"  constraints  {'; '.join(res.constraints)}")
-    if res.backend_stats.get("skipped"):
-        print(f"  solver       not run: {res.backend_stats['skipped']}; the bound is analytic")
+    if res.skipped:
+        print(f"  solver       not run: {res.skipped}; the bound is analytic")
     print(f"  warm start   {res.warm_start or 'none'} (accepted by the solver: {res.warm_start_accepted})")
     print(f"  time         {res.seconds:.2f} s (model build {res.build_seconds:.2f} s)")
     if args.export:
@@ -124,10 +124,8 @@ def _failed_write(failed: InputError | None) -> int:
 
 
 def cmd_bound(args) -> int:
-    from ..solvers.relaxation import lower_bounds
-
-    deadline = Deadline(args.time_limit)
     options = solve_options(args)
+    deadline = Deadline(options.time_limit)
     objective = options.objective
     instance = load_case(args.case)
     with progress.line(not args.json):
@@ -144,8 +142,9 @@ def cmd_bound(args) -> int:
         if not math.isfinite(b.value):  # none computed: say why instead of printing -inf
             print(f"  {b.name:<{width}}  none  [{b.seconds:.2f} s]  ({b.note})")
             continue
-        tag = "" if b.certified else "  (conditional)"
-        print(f"  {b.name:<{width}}  {_fmt(b.value)} s  [{b.seconds:.2f} s]{tag}")
+        tag = "" if b.certified else f"  (conditional: {b.conditions or 'not certified'})"
+        note = f"  ({b.note})" if b.note else ""
+        print(f"  {b.name:<{width}}  {_fmt(b.value)} s  [{b.seconds:.2f} s]{tag}{note}")
     print(f"  best certified bound: {_fmt(best)} s; best known schedule: {_fmt(res.objective)} s")
     return 0
 
@@ -174,8 +173,8 @@ def parse_constraint_set(text: str) -> Constraints:
 def cmd_prove(args) -> int:
     from ..solvers.prove import better_than, compare_sets
 
-    deadline = Deadline(args.time_limit)
     options = solve_options(args)
+    deadline = Deadline(options.time_limit)
     instance = load_case(args.case)
     if args.compare and not args.vs:
         raise InputError("--vs", "", "--compare needs --vs B")

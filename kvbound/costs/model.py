@@ -19,20 +19,31 @@ without knees means exactly what it meant before.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 import numpy as np
 
-from ..accounting import account_batch
+from ..accounting import FEATURES
 
-FEATURES = (
-    "intercept",
-    "per_token",
-    "decode_kv",
-    "prefill_attention",
-    "prefill_kv",
-    "per_prefill_request",
-)
+#: cost coefficients are finite and at most this (seconds per unit of their feature)
+MAX_COST = 1e3
+
+
+def coefficient_problem(value, positive: bool = False) -> str | None:
+    """Why `value` cannot be a cost coefficient (None: it can): a finite number in [0, MAX_COST] (in
+    (0, MAX_COST] where `positive`: the intercept)."""
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        return f"must be a number, got {value!r}"
+    if not math.isfinite(value):
+        return f"must be finite, got {value}"
+    if positive and value <= 0:
+        return f"must be > 0, got {value}"
+    if value < 0:
+        return f"must be >= 0, got {value}"
+    if value > MAX_COST:
+        return f"must be <= {MAX_COST:g}, got {value:g}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -48,11 +59,9 @@ class CostModel:
 
     def __post_init__(self):
         for name in FEATURES:
-            value = getattr(self, name)
-            if not _finite_nonneg(value):
-                raise ValueError(f"cost.{name} must be a finite number >= 0, got {value!r}")
-        if self.intercept <= 0:
-            raise ValueError("cost.intercept must be > 0")
+            problem = coefficient_problem(getattr(self, name), positive=name == "intercept")
+            if problem:
+                raise ValueError(f"cost.{name} {problem}")
         knees, slopes = tuple(self.token_knees), tuple(self.per_token_above)
         object.__setattr__(self, "token_knees", knees)
         object.__setattr__(self, "per_token_above", slopes)
@@ -63,8 +72,8 @@ class CostModel:
             raise ValueError(f"cost.token_knees must be integers >= 1, got {list(knees)!r}")
         if any(b <= a for a, b in zip(knees, knees[1:])):
             raise ValueError(f"cost.token_knees must increase, got {list(knees)!r}")
-        if not all(_finite_nonneg(v) for v in slopes):
-            raise ValueError(f"cost.per_token_above must be finite numbers >= 0, got {list(slopes)!r}")
+        if any(coefficient_problem(v) for v in slopes):
+            raise ValueError(f"cost.per_token_above must be finite numbers in [0, {MAX_COST:g}], got {list(slopes)!r}")
 
     @property
     def coefficients(self) -> np.ndarray:
@@ -106,9 +115,16 @@ class CostModel:
             return linear
         return linear + np.where(features[:, 1] > 0, self.kink_time(features[:, 1]), 0.0)
 
-    def batch_features(self, cached, tokens, is_decode) -> np.ndarray:
-        """The six features of one batch from per-request arrays (requests with c >= 1)."""
-        return batch_features(cached, tokens, is_decode)
+    def work(self, tokens, cached, decode: bool):
+        """The time one request adds to a batch beside the intercept (the convex token term aside: it
+        does not split by request): a decode-type request with `cached` m tokens, processing its one
+        token, per_token + decode_kv m; a prefill-type chunk of c = `tokens` tokens beside m cached,
+        per_token c + prefill_attention (c^2 + 2 m c) + prefill_kv m + per_prefill_request. Numbers
+        or numpy arrays."""
+        if decode:
+            return self.per_token * tokens + self.decode_kv * cached
+        return (self.per_token * tokens + self.prefill_attention * (tokens * tokens + 2 * cached * tokens)
+                + self.prefill_kv * cached + self.per_prefill_request)
 
     def to_toml(self) -> str:
         lines = ["[cost]"]
@@ -117,19 +133,3 @@ class CostModel:
             lines.append(f"token_knees = {list(self.token_knees)!r}")
             lines.append(f"per_token_above = {list(self.per_token_above)!r}")
         return "\n".join(lines) + "\n"
-
-
-def _finite_nonneg(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
-
-
-def batch_features(cached, tokens, is_decode) -> np.ndarray:
-    """Six-vector of features for a batch: per-request cached m, tokens c, decode-type flags.
-
-    Counted by `kvbound.accounting.account_batch` (the one formula): a flagged request is
-    given the state of a decode (n = 1, S = m + 1), any other one a first prefill (n = 0).
-    """
-    cached, tokens = [int(m) for m in cached], [int(c) for c in tokens]
-    generated = [1 if decode else 0 for decode in is_decode]
-    prompt = [m if decode else m + c for m, c, decode in zip(cached, tokens, generated)]
-    return np.array(account_batch(dict(enumerate(tokens)), cached, generated, prompt).features, dtype=float)

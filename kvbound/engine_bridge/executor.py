@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..accounting import block_count
+from ..accounting import FEATURES, block_count
 from ..costs import CostModel
 from ..schedule import ReplayState, Schedule
 from ..workload import Instance
@@ -39,7 +39,7 @@ class ReplayResult:
 
     batch_index: list[int]  # position of each in the schedule
     decode_requests: list[int]  # decode-type requests in each (the prefill-type ones are features[:, 5])
-    features: np.ndarray  # [batches, 6]
+    features: np.ndarray  # [batches, len(FEATURES)]
     measured: np.ndarray  # seconds: the model run (GPU time on CUDA), what the cost model predicts
     # host seconds preparing each batch (block allocation, input arrays, upload), not in `measured`
     prepare_seconds: np.ndarray = field(default_factory=lambda: np.zeros(0))
@@ -193,7 +193,7 @@ class Executor:
         if self.blocks.num_free != self.blocks.num_blocks:
             raise AssertionError(f"{self.blocks.num_blocks - self.blocks.num_free} KV blocks still held after the "
                                  "last batch")
-        return ReplayResult(index, decode, np.array(features).reshape(-1, 6), np.array(measured), np.array(prepare))
+        return ReplayResult(index, decode, np.array(features).reshape(-1, len(FEATURES)), np.array(measured), np.array(prepare))
 
 
 def _check_against_semantics(j: int, state: ReplayState, seqs: list[Sequence], touched: list[Sequence],

@@ -105,10 +105,6 @@ class ModelRunner:
                                     self.multiprocessors)
         return self.model(*self._inputs(size, size, size, 0, splits))
 
-    def forward(self, work: list[tuple[Sequence, int]], num_decode: int) -> torch.Tensor:
-        """prepare, then run: the hidden states of processing `work` (see `prepare`)."""
-        return self.run(self.prepare(work, num_decode))
-
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.model.logits(hidden)

@@ -11,13 +11,15 @@ import math
 
 import numpy as np
 
-from ..schedule import Batch, ReplayState, Schedule
-from ..workload import Instance
 from ..accounting import account_batch, block_count, is_decode_type
+from ..constraints import Constraints
 from ..objective import Objective
-from .base import (Constraints, Formulation, ModelClock, add_clock, TimeUnits, complete_schedule, first_token_prefix,
-                   merge_evict_only, stops_at_first_tokens)
+from ..schedule import Batch, ReplayState, Schedule
+from ..schedulers.rewrite import complete_schedule, first_token_prefix, merge_evict_only
+from ..workload import Instance
+from .base import Formulation, ModelClock, add_clock
 from .model import Model
+from .units import TimeUnits
 
 
 def bigm_size(instance: Instance, horizon: int) -> int:
@@ -26,16 +28,15 @@ def bigm_size(instance: Instance, horizon: int) -> int:
     return horizon * len(instance) * (16 + 2 * bits)
 
 
-def build_bigm(instance: Instance, objective: str = "total_latency", horizon: int = 8,
+def build_bigm(instance: Instance, objective: Objective = Objective.TOTAL_LATENCY, horizon: int = 8,
                constraints: Constraints = Constraints(), tick: float | None = None) -> Formulation:
-    objective = Objective.parse(objective)
     sys_ = instance.system
     cost = instance.cost
     N, J = len(instance), int(horizon)
     I = instance.prompts.astype(float)
     O = instance.outputs.astype(float)
     A = instance.arrivals
-    online = bool((A > 0).any())
+    online = not instance.offline
     C, P, M, b = sys_.max_batch_tokens, sys_.max_prefill_tokens, sys_.kv_capacity, sys_.block_size
     units = TimeUnits.for_model(instance, tick)
     coef, to_time, up_time = units.coefficients(cost), units.down, units.up
@@ -54,7 +55,7 @@ def build_bigm(instance: Instance, objective: str = "total_latency", horizon: in
     lbf = np.zeros((N, J + 1))
     # termination: every request finishes within the horizon; for mean TTFT only the first tokens matter,
     # so the model stops there (a relaxation) and the extracted prefix is completed afterwards
-    free_end = stops_at_first_tokens(objective, constraints)
+    free_end = constraints.stops_at_first_tokens(objective)
     lbf[:, J] = 0 if free_end else 1
     ubf = np.ones((N, J + 1))
     ubf[:, 0] = 0

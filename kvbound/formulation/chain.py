@@ -17,10 +17,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..accounting import is_decode_type, round_to_blocks
+from ..accounting import FEATURES, is_decode_type, round_to_blocks
 from ..schedule import ReplayState, Schedule
 from ..workload import Instance
-from .base import Constraints, Formulation
+from ..constraints import Constraints
+from ..objective import Objective
+from .base import Formulation
 from .model import Model
 from .statenet import (BatchTerms, ClassStates, append_model_batch, assign_paths, build_state_network, class_states,
                        finish_extraction, link_processing, request_classes, state_of, state_windows)
@@ -42,7 +44,7 @@ class _Arcs:
     tokens: np.ndarray
     prefill: np.ndarray
     kv: np.ndarray  # KV during the batch (block-rounded) on the arcs that end the batch at a state
-    features: np.ndarray  # (arcs, 6) batch-time features
+    features: np.ndarray  # (arcs, len(FEATURES)) batch-time features
 
 
 @dataclass
@@ -95,7 +97,7 @@ def _build_class(I: int, O: int, arrival: float, members: list[int], block: int,
                        ("tok", tok), ("pre", pre), ("kv", kv)):
             cols[key].append(np.broadcast_to(np.asarray(v, dtype=np.int64), size).ravel())
         cols["f"].append(np.stack([np.zeros(size)] + [np.broadcast_to(np.asarray(v, dtype=float), size) for v in feats],
-                                  axis=-1).reshape(-1, 6))
+                                  axis=-1).reshape(-1, len(FEATURES)))
 
     blocks = lambda t: round_to_blocks(np.asarray(t), block)  # noqa: E731
     for n in range(O):
@@ -131,7 +133,7 @@ def chain_size(instance: Instance, horizon: int) -> int:
     return horizon * sum(6 * O * (I + O) for I, O, _, _ in request_classes(instance))
 
 
-def build_chain(instance: Instance, objective: str = "total_latency", horizon: int = 8,
+def build_chain(instance: Instance, objective: Objective = Objective.TOTAL_LATENCY, horizon: int = 8,
                 constraints: Constraints = Constraints(), tick: float | None = None) -> ChainFormulation:
     return build_state_network(instance, objective, horizon, constraints, tick, ChainFormulation, "chain",
                                _build_class, _add_class)

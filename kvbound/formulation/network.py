@@ -15,10 +15,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..accounting import account_batch, is_decode_type, round_to_blocks
+from ..accounting import FEATURES, account_batch, is_decode_type, round_to_blocks
 from ..schedule import ReplayState, Schedule
 from ..workload import Instance
-from .base import Constraints, Formulation
+from ..constraints import Constraints
+from ..objective import Objective
+from .base import Formulation
 from .model import Model
 from .statenet import (BatchTerms, ClassStates, Clock, append_model_batch, assign_paths, build_state_network,
                        class_states, finish_extraction, link_processing, request_classes, state_of, state_windows)
@@ -36,7 +38,7 @@ class _Class(ClassStates):
     decode: np.ndarray
     evict: np.ndarray
     generates_first: np.ndarray
-    features: np.ndarray  # (t, 6) batch-time features of the transition (intercept feature 0)
+    features: np.ndarray  # (t, len(FEATURES)) batch-time features of the transition (intercept feature 0)
 
 
 def _build_class(prompt: int, output: int, arrival: float, members: list[int], block: int, C: int, P: int,
@@ -72,7 +74,7 @@ def _build_class(prompt: int, output: int, arrival: float, members: list[int], b
             rows.append((s, d, c, 0 if decode else c, blocks(m + c), 1, int(decode), 0, first) + feats)
     rows.append((done, done, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0))
     a = np.array(rows, dtype=np.int64)
-    feats = np.zeros((len(a), 6))
+    feats = np.zeros((len(a), len(FEATURES)))
     feats[:, 1:] = a[:, 9:14]
     return _Class(prompt, output, arrival, members, states, index, a[:, 0], a[:, 1], a[:, 2], a[:, 3], a[:, 4],
                   a[:, 5].astype(bool), a[:, 6].astype(bool), a[:, 7].astype(bool), a[:, 8].astype(bool), feats)
@@ -92,7 +94,7 @@ def network_size(instance: Instance, horizon: int) -> int:
     return total * horizon
 
 
-def build_network(instance: Instance, objective: str = "total_latency", horizon: int = 8,
+def build_network(instance: Instance, objective: Objective = Objective.TOTAL_LATENCY, horizon: int = 8,
                   constraints: Constraints = Constraints(), tick: float | None = None) -> NetworkFormulation:
     return build_state_network(instance, objective, horizon, constraints, tick, NetworkFormulation, "network",
                                _build_class, _add_class)

@@ -12,12 +12,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..bounds.kv_items import dff_numerators, dual_feasible_weights
+from ..constraints import Constraints
 from ..objective import Objective
 from ..schedule import Batch, ReplayState, Schedule
+from ..schedulers.rewrite import carry_idle, complete_schedule, first_token_prefix
 from ..workload import Instance
-from .base import Clock, Constraints, ModelClock, add_clock, TimeUnits, carry_idle, complete_schedule, first_token_prefix, stops_at_first_tokens
-from .bounds import dff_numerators, dual_feasible_weights
+from .base import Clock, ModelClock, add_clock
 from .model import Model
+from .units import TimeUnits
 
 
 @dataclass
@@ -116,7 +119,7 @@ def finish_model(md: Model, instance: Instance, objective: Objective, constraint
             batch_row("no_hybrid_prefill", j, prefill, extra=[(w[j:j + 1], N)], hi=N)
     if J > 1:
         md.add_rows("used_batches_first[j]", J - 1, [(y[:-1], 1), (y[1:], -1)], lo=0)
-    _add_capacity_cuts(md, instance, terms, y, linked=not stops_at_first_tokens(objective, constraints))
+    _add_capacity_cuts(md, instance, terms, y, linked=not constraints.stops_at_first_tokens(objective))
 
     A = instance.arrivals
     delta = [(T, 1)] + ([(idle, 1)] if idle is not None else [])
@@ -206,12 +209,11 @@ def _add_capacity_cuts(md: Model, instance: Instance, terms: BatchTerms, y: np.n
                 md.add_rows(f"kv_capacity_cut[k={k}, j={j}]", 1, [(cols[keep][None, :], w[keep][None, :])], hi=k * M)
 
 
-def build_state_network(instance: Instance, objective: str, horizon: int, constraints: Constraints,
+def build_state_network(instance: Instance, objective: Objective, horizon: int, constraints: Constraints,
                         tick: float | None, form_cls, name: str, build_class, add_class):
     """The frame every state-network model shares: clock, per-class flows (`build_class` makes a
     class's template, `add_class` its variables and flow rows for every batch), batch rows, cuts
     and the objective."""
-    objective = Objective.parse(objective)
     if constraints.admission_order is not None:
         raise ValueError(f"the {name} formulation counts identical requests and cannot fix an admission order; use bigm")
     s = instance.system
@@ -221,7 +223,7 @@ def build_state_network(instance: Instance, objective: str, horizon: int, constr
     md = Model()
     clock = add_clock(md, instance, J, units, tick is not None)
     terms = BatchTerms(J)
-    free_end = stops_at_first_tokens(objective, constraints)
+    free_end = constraints.stops_at_first_tokens(objective)
     classes = []
     for k, (I, O, a, ids) in enumerate(request_classes(instance)):
         cl = build_class(I, O, a, ids, s.block_size, s.max_batch_tokens, s.max_prefill_tokens, constraints)

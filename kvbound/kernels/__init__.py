@@ -24,7 +24,7 @@ from types import ModuleType
 
 from .layout import PagedBatch, decode_split_count, token_slots
 
-BACKENDS = ("torch", "triton")
+KERNEL_BACKENDS = ("torch", "triton")
 
 
 def backend(name: str) -> ModuleType:
@@ -35,7 +35,7 @@ def backend(name: str) -> ModuleType:
     if name == "triton":
         from . import triton_ops
         return triton_ops
-    raise ValueError(f"unknown kernel backend {name!r}; known: {', '.join(BACKENDS)}")
+    raise ValueError(f"unknown kernel backend {name!r}; known: {', '.join(KERNEL_BACKENDS)}")
 
 
-__all__ = ["BACKENDS", "PagedBatch", "backend", "decode_split_count", "token_slots"]
+__all__ = ["KERNEL_BACKENDS", "PagedBatch", "backend", "decode_split_count", "token_slots"]

@@ -24,6 +24,7 @@ from __future__ import annotations
 from ..schedule import Batch, ReplayState
 from ..workload import Instance
 from .base import Policy
+from .registry import policy, register
 
 
 def refill_too_long(instance: Instance, P: int) -> str | None:
@@ -112,3 +113,10 @@ class AptGreedy(Policy):
         for i in chosen:
             self.reserve(i, m[i] + 1)
         return Batch({i: 1 for i in chosen}, tuple(evicted))
+
+
+register(policy("apt-greedy", AptGreedy,
+                "Apt-Serve (Gao et al. Sec. 5) with KV cache only (beta = 0; its hidden cache is not modelled): "
+                "prefill or decode iteration by the larger summed pending time, requests greedily by pending "
+                "time per unit of KV under the memory left; no chunking, P = C; decode iterations preempt "
+                "the lowest-ratio idle requests when M runs out"))

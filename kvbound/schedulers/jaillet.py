@@ -19,6 +19,7 @@ from ..errors import SchedulerStuck
 from ..schedule import Batch, ReplayState
 from ..workload import Instance
 from .base import Policy, future_kv_fits
+from .registry import policy, register
 
 
 def _prompt_too_long(instance: Instance, limit: int, what: str) -> str | None:
@@ -131,3 +132,11 @@ class FcfsProtect(Policy):
             raise SchedulerStuck(f"scheduler {self.name} (alpha = {self.alpha}) is stuck: request {i} needs a refill of "
                                  f"{prompt[i] + n[i]} tokens, more than the protection threshold (1 - alpha) M = {self.threshold:g}")
         return Batch(tokens, tuple(evicted))
+
+
+register(policy("mcsf", MCSF,
+                "MC-SF: keep running requests, admit shortest output first while the future peak KV fits; never evicts (Jaillet et al. Alg. 2)"))
+register(policy("fcfs-protect", FcfsProtect,
+                "alpha-protection greedy: FCFS admission under (1 - alpha) M, clears all running requests on overflow; "
+                "alpha = 0.2 (Jaillet et al. Sec. 7)",
+                options=("alpha",)))

@@ -18,8 +18,7 @@ requests at their arrival times) ratio 2; the warm-start portfolio runs both.
 """
 from __future__ import annotations
 
-import math
-
+from ..alone import fewest_batches, remaining_alone
 from ..schedule import ReplayState
 from ..workload import Instance
 from .unified import UnifiedParams, UnifiedScheduler
@@ -41,23 +40,12 @@ class Srpt(UnifiedScheduler):
 
     def reset(self, instance: Instance) -> None:
         super().reset(instance)
-        cost = instance.cost
-        self._intercept, self._per_token, self._attention = cost.intercept, cost.per_token, cost.prefill_attention
-        self._decode_kv = cost.decode_kv
+        self._cost, self._intercept, self._per_token = instance.cost, instance.cost.intercept, instance.cost.per_token
         self._alone: dict[int, tuple[int, float, float]] = {}
 
     def remaining(self, st: ReplayState, i: int) -> tuple[int, float, float]:
         """Request i alone from its state (m cached, n generated): (batches, time, prefill work time)."""
-        S = st.prompt[i] + st.n[i]
-        to_fill = S - st.m[i]
-        left = st.output[i] - st.n[i]
-        if to_fill <= 1 and st.n[i] >= 1:  # decode-type: one token a batch
-            steps, prefill = left, 0.0
-        else:
-            steps = math.ceil(to_fill / self.P) + left - 1
-            prefill = self._per_token * to_fill + self._attention * (S * S - st.m[i] * st.m[i])
-        decode = self._per_token * (left - 1) + self._decode_kv * (left * S + left * (left - 1) / 2)
-        return steps, steps * self._intercept + prefill + decode, prefill
+        return remaining_alone(self._cost, self.P, st.prompt[i], st.output[i], st.m[i], st.n[i])
 
     def _order(self, st: ReplayState) -> tuple[list[int], list[int]]:
         present = list(self.reserved) + [i for _, i in self.waiting]
@@ -72,5 +60,5 @@ class Srpt(UnifiedScheduler):
         wait = max(self._alone[a][1] for a in ahead)
         # riding along also saves the intercepts of the chunks' own batches, paid by the rest
         behind = len(self._alone) - len(ahead) - 1
-        chunks = math.ceil((st.prompt[i] + st.n[i] - st.m[i]) / self.P)
+        chunks = fewest_batches(st.prompt[i] + st.n[i] - st.m[i], 1, self.P)
         return delay <= self.ratio * (wait + chunks * self._intercept * behind)

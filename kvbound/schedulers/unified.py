@@ -18,7 +18,7 @@ fits in M at every future batch (`_future_fits`).
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -76,9 +76,6 @@ class UnifiedScheduler(Policy):
     def options(self) -> dict:
         """The constructor's options beyond the parameters (subclasses with their own knobs)."""
         return {}
-
-    def with_params(self, **changes) -> "UnifiedScheduler":
-        return UnifiedScheduler(self.name, replace(self.params, **changes))
 
     def _P(self, instance: Instance) -> int:
         s = instance.system

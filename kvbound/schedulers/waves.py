@@ -23,6 +23,7 @@ from ..accounting import account_batch
 from ..schedule import Batch, ReplayState
 from ..workload import Instance
 from .base import Policy
+from .registry import policy, register
 
 #: the DP cuts the order into at most about this many units
 DP_UNITS = 128
@@ -133,3 +134,8 @@ class SptWaves(Policy):
             self.waiting = [(key, i) for key, i in self.waiting if self.wave_of[i] != self.current]
         members = sorted(self.reserved, key=self.rank.__getitem__)
         return Batch(wave_tokens(members, st.m, st.n, st.prompt, self.C, self.P))
+
+
+register(policy("spt-waves", SptWaves,
+                "shortest I + O first in waves that fit M and run alone (no hybrid mixing across waves), cut by "
+                "dynamic programming for the least mean latency; never evicts (hypothetical: knows O)"))

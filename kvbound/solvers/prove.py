@@ -9,11 +9,12 @@
 """
 from __future__ import annotations
 
+from ..constraints import Constraints
 from ..deadline import Deadline
-from ..formulation.base import Constraints
 from ..schedulers import run_scheduler
-from .api import Result, solve_with
+from .driver import solve_with
 from .options import SolveOptions
+from .result import Result
 
 _EPS = 1e-9
 

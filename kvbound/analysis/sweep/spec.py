@@ -17,9 +17,10 @@ from ...costs import PRESETS
 from ...costs.presets import DEFAULT_PRESET
 from ...errors import InputError
 from ...objective import OBJECTIVES
-from ...solvers.options import SolveOptions
-from ...workload import (MAX_INT, MAX_REQUEST_TOKENS, MAX_REQUESTS, Instance, Request, SystemConfig, _check_keys,
-                         load_case, read_toml)
+from ...backends import BACKENDS
+from ...solvers.options import FORMULATIONS, SolveOptions
+from ...io.cases import check_keys, load_case, read_toml
+from ...workload import MAX_INT, MAX_REQUEST_TOKENS, MAX_REQUESTS, Instance, Request, SystemConfig
 from ..compare import METRIC_COLUMNS, resolve_schedulers
 
 # grid keys in the order the product runs over them (the first varies slowest)
@@ -196,14 +197,14 @@ def load_spec(path: str | Path) -> SweepSpec:
 
 
 def parse_spec(data: dict, source: str = "<spec>", base_dir: Path = Path(".")) -> SweepSpec:
-    _check_keys(source, "", data, {"name", "description", "grid", "run", "plot", "claim"})
+    check_keys(source, "", data, {"name", "description", "grid", "run", "plot", "claim"})
     for key in ("name", "description"):
         if key in data and not isinstance(data[key], str):
             raise InputError(source, key, f"must be a string, got {data[key]!r}")
     if "grid" not in data:
         raise InputError(source, "grid", "missing section [grid]")
     grid_table = data["grid"]
-    _check_keys(source, "grid", grid_table, set(GRID_KEYS))
+    check_keys(source, "grid", grid_table, set(GRID_KEYS))
     grid = {k: (v if isinstance(v, list) else [v]) for k, v in grid_table.items()}
     for key, values in grid.items():
         if not values:
@@ -230,7 +231,7 @@ def parse_spec(data: dict, source: str = "<spec>", base_dir: Path = Path(".")) -
             elif key != "case" and (isinstance(v, bool) or not isinstance(v, (int, float, str))):
                 raise InputError(source, f"grid.{key}", f"must be a number or an expression string, got {v!r}")
     run = data.get("run", {})
-    _check_keys(source, "run", run, RUN_KEYS)
+    check_keys(source, "run", run, RUN_KEYS)
     try:
         schedulers = resolve_schedulers(run.get("schedulers", "all"))
     except InputError as exc:
@@ -247,9 +248,6 @@ def parse_spec(data: dict, source: str = "<spec>", base_dir: Path = Path(".")) -
     time_limit = run.get("time_limit", DEFAULT_TIME_LIMIT)
     if isinstance(time_limit, bool) or not isinstance(time_limit, (int, float)) or not (math.isfinite(time_limit) and time_limit > 0):
         raise InputError(source, "run.time_limit", f"must be a finite number of seconds > 0, got {time_limit!r}")
-    from ...solvers.api import FORMULATIONS
-    from ...solvers.backends import BACKENDS
-
     solver = run.get("solver", SolveOptions.backend)
     if solver not in BACKENDS:
         raise InputError(source, "run.solver", f"unknown solver {solver!r}; choose from {', '.join(BACKENDS)}")
@@ -284,7 +282,7 @@ def _claims(source: str, entries, spec: SweepSpec) -> list[ClaimSpec]:
     claims = []
     for k, entry in enumerate(entries):
         where = f"claim[{k}]"
-        _check_keys(source, where, entry, CLAIM_KEYS)
+        check_keys(source, where, entry, CLAIM_KEYS)
         for key in ("text", "metric", "better", "than"):
             if key not in entry:
                 raise InputError(source, f"{where}.{key}", "missing")
@@ -335,7 +333,7 @@ def _plots(source: str, entries, spec: SweepSpec) -> list[PlotSpec]:
     y_allowed = set(METRIC_COLUMNS) | {"gap_to_bound", "gap_to_best"}
     for k, entry in enumerate(entries):
         where = f"plot[{k}]"
-        _check_keys(source, where, entry, PLOT_KEYS)
+        check_keys(source, where, entry, PLOT_KEYS)
         x = entry.get("x")
         if x not in GRID_KEYS or x not in spec.grid:
             raise InputError(source, f"{where}.x", f"must be a key of [grid] ({', '.join(spec.grid)}), got {x!r}")

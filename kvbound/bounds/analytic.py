@@ -1,0 +1,329 @@
+"""Every analytic lower bound on the optimal latency, cheapest first; each is valid for every schedule.
+
+Analytic bounds (docs/formulation.md, "Bounds"):
+* batches: `kv_items.min_batches` (the longest output, tokens over C, prompts over P, the KV items'
+  area over the prefill ramp and their dual-feasible weights), each batch paying the intercept.
+* work: `alone.minimum_work` (per token the cheaper of a decode or a refill, the first prefill).
+* per request: request i alone needs its fewest batches after its arrival, and its own work.
+* release: for every arrival time t, t plus the batch bound and the work of the requests
+  arriving at t or later (`release_bound`).
+* mean objectives: the k-th completion against capacity shares (`completion_order_bounds`), one
+  preemptive machine (`one_machine_completions`) and the pairwise work waits (`pairwise_work_waits`).
+"""
+from __future__ import annotations
+
+import heapq
+import math
+import time
+
+import numpy as np
+
+from ..alone import (batches_alone, fewest_batches, least_work, minimum_work, prefill_work, time_alone, token_work,
+                     work_alone)
+from ..objective import Objective
+from ..workload import Instance
+from .base import Bound, Stage, register
+from .kv_items import batches_to_hold, kv_items, kv_room, kv_weights, min_batches, ramp_capacities
+
+
+@register
+class AnalyticBounds:
+    """Every bound of this module, from the instance alone."""
+
+    name, stage, share = "analytic", Stage.FIRST, 1.0
+
+    def skip_reason(self, known) -> str | None:
+        return None
+
+    def compute(self, known, deadline) -> list[Bound]:
+        return analytic_bounds(known.instance, known.objective)
+
+
+def analytic_bounds(instance: Instance, objective: Objective) -> list[Bound]:
+    t0 = time.perf_counter()
+    cost = instance.cost
+    out = []
+    if not objective.is_mean:
+        nb = min_batches(instance)
+        out.append(Bound("batches x intercept + minimum work", nb * cost.intercept + minimum_work(instance),
+                         time.perf_counter() - t0, note=f"at least {nb} batches", batches=nb))
+        per_req = float((instance.arrivals + time_alone(instance, objective)).max())
+        out.append(Bound("latest arrival + own work", per_req, time.perf_counter() - t0))
+        if not instance.offline:
+            value, t = release_bound(instance)
+            out.append(Bound("arrival t + batches x intercept + work of the requests arriving from t", value,
+                             time.perf_counter() - t0, note=f"t = {t:.6g} s"))
+        return out
+    first = objective.first_token
+    own = time_alone(instance, objective)
+    alone = float(own.sum()) / len(instance)
+    out.append(Bound("mean first prefill of each request alone" if first else "mean of each request alone", alone,
+                     time.perf_counter() - t0))
+    shares = _shares(instance, objective)  # the dual-feasible weights are the costly part: computed once
+    ordered = completion_order_bounds(instance, objective, shares=shares)
+    out.append(Bound("k-th first token >= k smallest capacity shares + prefill work" if first else
+                     "k-th completion >= k smallest capacity shares + work",
+                     float(ordered.sum() - instance.arrivals.sum()) / len(instance), time.perf_counter() - t0))
+    if not instance.offline:  # all at once it is the shares bound above
+        out.append(Bound("one machine, shortest remaining prefill share first, and each prefill alone" if first else
+                         "one machine, shortest remaining share first, and each request alone",
+                         float(one_machine_completions(instance, objective, shares=shares, own=own)
+                               - instance.arrivals.sum()) / len(instance),
+                         time.perf_counter() - t0))
+    waits = pairwise_work_waits(instance, objective)
+    out.append(Bound("each first prefill alone + pairwise prefill waits" if first else
+                     "each request alone + pairwise work waits", alone + waits / len(instance),
+                     time.perf_counter() - t0))
+    return out
+
+
+def one_machine_completions(instance: Instance, objective: Objective, steps: int = 11, shares=None,
+                            own: np.ndarray | None = None) -> float:
+    """A lower bound on the sum of completion (first-token) times: one preemptive machine with arrivals.
+
+    Give request r in each batch it generates a token in the share k0 (lam kv / M + (1 - lam)
+    tokens / C) plus its work there (kv: the KV it holds, or its dual-feasible weight): the shares
+    of one batch add up to at most k0 + its work, at most the batch's time. So every schedule is a
+    preemptive schedule of one unit-speed machine on which request r, released at a_r, is processed
+    for at least its total share p_r (`completion_order_bounds`' shares) by some M_r <= C_r.
+    Shortest-remaining-processing-time first completes the most jobs by every time, so its k-th
+    completion S_(k) is at most M_(k); and C_r >= e_r = a_r + r's own time (`own`). Pairing sorted
+    with sorted minimises a sum of maxima, so sum_r C_r >= sum_k max(S_(k), e_(k)): the machine's
+    backlog after a burst and each request's least span together. The largest over lam and the
+    dual-feasible functions counts.
+    """
+    cost = instance.cost
+    share_parts, work, tokens, capacity_tokens = shares or _shares(instance, objective)
+    own = time_alone(instance, objective) if own is None else own
+    spans = np.sort(instance.arrivals + own)
+    order = np.argsort(instance.arrivals, kind="stable")
+    arrivals = instance.arrivals[order]
+    best = -math.inf
+    for kv_share in share_parts:
+        for lam in np.linspace(0.0, 1.0, steps):
+            p = cost.intercept * (lam * kv_share + (1 - lam) * tokens / capacity_tokens) + work
+            best = max(best, float(np.maximum(_srpt_completions(arrivals, p[order]), spans).sum()))
+    return best
+
+
+def _srpt_completions(arrivals: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """The completion times, ascending, of shortest remaining processing time first on one unit-speed
+    machine (preemptive; jobs sorted by arrival): the optimum of 1 | r_j, pmtn | sum C_j, and at
+    every time the most jobs completed (so each k-th completion is the earliest possible)."""
+    heap: list[float] = []
+    t = 0.0
+    done: list[float] = []
+    k, n = 0, len(sizes)
+    while k < n or heap:
+        if not heap:
+            t = max(t, float(arrivals[k]))
+        while k < n and arrivals[k] <= t:
+            heapq.heappush(heap, float(sizes[k]))
+            k += 1
+        left = heapq.heappop(heap)
+        nxt = float(arrivals[k]) if k < n else math.inf
+        if t + left <= nxt:
+            t += left
+            done.append(t)
+        else:  # the next arrival comes first: run until then and compare again
+            heapq.heappush(heap, left - (nxt - t))
+            t = nxt
+    return np.array(done)
+
+
+def _shares(instance: Instance, objective: Objective):
+    """([kv share per request: area / M and each dual-feasible weight], work, tokens, token capacity)
+    of `completion_order_bounds` and `one_machine_completions` (their `shares`)."""
+    s = instance.system
+    if objective.first_token:
+        tokens, capacity_tokens = instance.prompts.astype(float), s.max_prefill_tokens
+    else:
+        tokens, capacity_tokens = np.array([r.peak_kv for r in instance.requests], dtype=float), s.max_batch_tokens
+    items, owner = kv_items(instance, objective)
+    kv_shares = [np.bincount(owner, items / kv_room(s), len(instance)), *kv_weights(instance, objective, (items, owner)).T]
+    return kv_shares, work_alone(instance, objective), tokens, capacity_tokens
+
+
+def pairwise_work_waits(instance: Instance, objective: Objective) -> float:
+    """A lower bound on the sum over requests of the work of others done while each waits.
+
+    A request's latency is the length of the batches between its arrival and its completion: its
+    own batches and work (`alone.time_alone`) plus the work of other requests processed in
+    that window (work, unlike an intercept, belongs to one request, so these add up). Of two
+    requests r and q with a_r <= a_q, whichever finishes last has waited for work of the other: if
+    r does, for all of W_q; if q does, for r's work after a_q, `_work_left_after`: at least
+    W_r - (a_q - a_r) (at most a_q - a_r of it is done before a_q; of a batch running at a_q, q
+    waits for the rest, which the requests in it share out without counting any time twice), and at
+    least the work of the tokens r cannot have reached by then. So the pair adds at least
+    min(r's work left at a_q, W_q). For mean latency each request q also takes, from one earlier
+    partner r (the one it adds most with), the intercepts of r's later batches it is not in
+    (`_skipped_intercepts`): those do not add up over partners, a batch may hold several. For TTFT
+    the same holds with each request's first prefill work and its first token. docs/formulation.md,
+    "Bounds".
+    """
+    cost = instance.cost
+    order = np.argsort(instance.arrivals, kind="stable")
+    arrivals = instance.arrivals[order]
+    if objective.first_token:
+        work = prefill_work(instance.prompts[order], cost)
+        reach = np.searchsorted(arrivals, arrivals + work, side="left")  # pairs further apart add nothing
+        steps = None
+    else:
+        first_prefill = time_alone(instance, Objective.MEAN_TTFT)
+        steps = [_token_steps(instance, int(i), first_prefill[i]) for i in order]
+        work = np.array([float(w.sum()) for _, w in steps])
+        reach = np.searchsorted(arrivals, arrivals + np.array([t[-1] for t, _ in steps]), side="left")
+        least = [_least_progress_cost(instance, int(i), w) for i, (_, w) in zip(order, steps)]
+        extra = np.zeros(len(order))  # per request: what its best earlier partner adds with intercepts
+    total = 0.0
+    for k in range(len(order) - 1):
+        later = slice(k + 1, max(k + 1, int(reach[k])))
+        gap = arrivals[later] - arrivals[k]
+        left = np.maximum(work[k] - gap, 0.0)
+        if steps is not None:
+            times, token_work_k = steps[k]
+            reached = np.searchsorted(times, gap, side="right")  # the most tokens r can have at a_q
+            left = np.maximum(left, _work_left_after(times, token_work_k, gap, reached))
+        pair = np.minimum(left, work[later])
+        total += float(pair.sum())
+        if steps is not None and len(gap):
+            late = np.maximum(len(times) - 1 - reached, 0)  # r's batches that start after a_q
+            waited = left + cost.intercept * late + _skipped_intercepts(least[later], late)
+            extra[later] = np.maximum(extra[later], np.minimum(waited, work[later]) - pair)
+    return total if steps is None else total + float(extra.sum())
+
+
+def _least_progress_cost(instance: Instance, i: int, work: np.ndarray) -> np.ndarray:
+    """Request i's least work to come p batches closer to done, minus the intercepts of p batches,
+    for p = 0 .. its fewest batches, as a running minimum over p (`_skipped_intercepts` reads it).
+
+    Its fewest batches from the start are ceil(I / P) + O - 1 and each batch removes at most one:
+    the j-th of the first ceil(I / P) needs the prompt's tokens up to I - (ceil(I / P) - j) P (their
+    per_token work; the last, the first prefill's whole work), the rest one token each."""
+    r, cost = instance.requests[i], instance.cost
+    P = instance.system.max_prefill_tokens
+    chunks = fewest_batches(r.prompt, 1, P)
+    prefix = cost.per_token * (r.prompt - (chunks - np.arange(1, chunks)) * P)
+    done = np.r_[0.0, prefix, work[0] + np.r_[0.0, np.cumsum(work[1:])]]  # p = 0, the chunks, then each token
+    return np.minimum.accumulate(done - cost.intercept * np.arange(len(done)))
+
+
+def _skipped_intercepts(least, late: np.ndarray) -> np.ndarray:
+    """For each later request q (its `_least_progress_cost`) and the number of r's batches that start
+    after a_q: if q finishes after r, the batches of r that q is not in, plus the batches q needs
+    after r is done, are at least `late` - p more than q's fewest, where p is how much closer q came
+    in its batches before r's end, whose work r waits for: min over p of that work + intercepts,
+    less the `late` intercepts the caller adds."""
+    return np.array([row[min(n, len(row) - 1)] for row, n in zip(least, late)])
+
+
+def _token_steps(instance: Instance, i: int, first_prefill: float) -> tuple[np.ndarray, np.ndarray]:
+    """Request i alone: (the least time from its arrival to its n-th token, n = 1..O; the least work
+    of each token, `alone.token_work`); `first_prefill` is its least time to its first token.
+
+    Token n >= 2 needs a batch of its own after token n - 1 (a decode, or the last chunk of a
+    refill whose earlier chunks run in between), at least the intercept plus that work."""
+    cost = instance.cost
+    work = token_work(instance.requests[i], cost)
+    times = first_prefill + np.r_[0.0, np.cumsum(cost.intercept + work[1:])]
+    return times, work
+
+
+def _work_left_after(times: np.ndarray, work: np.ndarray, gap: np.ndarray, reached: np.ndarray) -> np.ndarray:
+    """A request's work still to come `gap` seconds after its arrival, for every gap. If it has n
+    tokens by then (n <= g = `reached`, the tokens it reaches alone within the gap, `times`), the
+    batches of tokens n + 2 .. O start later, and of token n + 1's work at most the time since its
+    n-th token (at least times[n - 1] after its arrival; 0 for n = 0) is done. n = g leaves the least."""
+    suffix = np.r_[np.cumsum(work[::-1])[::-1], 0.0, 0.0]  # suffix[k]: the work of tokens k + 1 .. O
+    since = gap - np.r_[0.0, times][reached]  # time since token g
+    started = np.r_[work, 0.0][reached]  # token g + 1's work (0 once all are reached)
+    return suffix[np.minimum(reached + 1, len(work))] + np.maximum(started - since, 0.0)
+
+
+def release_bound(instance: Instance) -> tuple[float, float]:
+    """(bound, t): the batch bound of `min_batches` applied to the requests that arrive at t or later.
+
+    None of them is processed before t, so the batches that process them all start at t or later:
+    at least as many as those requests need on their own (longest output, tokens / C, prompts / P,
+    KV area over the prefill ramp, the dual-feasible weights of their KV items), each paying the intercept, plus their
+    minimal work. The makespan is at least t plus that, for every arrival time t; with t = 0 this is
+    the offline batch bound, and it grows where a burst arrives late and the KV limit binds.
+    """
+    s, cost = instance.system, instance.cost
+    reqs = instance.requests
+    order = np.argsort(instance.arrivals, kind="stable")
+    arrivals = instance.arrivals[order]
+
+    def suffix(values) -> np.ndarray:  # sums over the requests from each position of `order` on
+        return np.cumsum(np.asarray(values, dtype=float)[order][::-1], axis=0)[::-1]
+
+    items, owner = kv_items(instance)
+    by_dff = np.ceil(suffix(kv_weights(instance, items=(items, owner))).max(axis=1) - 1e-9)
+    by_output = np.maximum.accumulate(np.array([r.output for r in reqs])[order][::-1])[::-1]
+    by_tokens = np.ceil(suffix([r.peak_kv for r in reqs]) / s.max_batch_tokens)
+    by_prefill = np.ceil(suffix([r.prompt for r in reqs]) / s.max_prefill_tokens)
+    # their KV area over the prefill ramp: from t on, their items are what they have processed since
+    # (the ramp of all requests holds at least as much as theirs)
+    ramp, room = ramp_capacities(instance), kv_room(s)
+    by_area = batches_to_hold(suffix(np.bincount(owner, items, len(reqs))), ramp, room)
+    batches = np.max(np.stack([by_output, by_tokens, by_prefill, by_area, by_dff]), axis=0)
+    values = arrivals + batches * cost.intercept + suffix([least_work(r, cost) for r in reqs])
+    first_of_time = np.r_[True, arrivals[1:] > arrivals[:-1]]  # requests arriving at t are all counted
+    best = int(np.argmax(np.where(first_of_time, values, -np.inf)))
+    return float(values[best]), float(arrivals[best])
+
+
+#: the arrival times the release-aware bounds start from: all distinct ones up to this many, else quantiles
+RELEASE_TIMES = 64
+
+
+def release_times(arrivals: np.ndarray) -> np.ndarray:
+    """Distinct arrival times to start release-aware bounds from (the earliest always included)."""
+    times = np.unique(arrivals)
+    if len(times) > RELEASE_TIMES:
+        times = np.unique(np.quantile(times, np.linspace(0.0, 1.0, RELEASE_TIMES), method="lower"))
+    return times
+
+
+def completion_order_bounds(instance: Instance, objective: Objective, steps: int = 11, shares=None) -> np.ndarray:
+    """Lower bounds on the k-th smallest completion (first-token) time, k = 1..N.
+
+    The k requests done first, a set S, have together used the KV capacity for their whole area
+    (the batch that generates token q of request i holds I + q - 1 KV tokens) and the token budget
+    for their tokens, so at least max(area(S) / M, tokens(S) / C) batches ran, each paying the
+    intercept, plus the minimal work of every request in S; the area share may be replaced by the
+    dual-feasible weights of the same KV items (`dff_batches`). For every lambda in [0, 1],
+    lambda area / M + (1 - lambda) tokens / C is below that maximum and linear in S, so its smallest
+    value over k-sets is the sum of the k smallest per-request values. The k-th smallest of the
+    per-request bounds (arrival + own minimal time) is a bound too, and so is the batch count of
+    the longest of the k requests run alone plus their work; the largest one counts.
+
+    With arrivals the same holds from every arrival time t (`release_times`): of the k requests
+    done first, at least k - (the number arriving before t) arrive at t or later, and they are
+    served in batches that start at t or later, so the k-th completion is at least t plus the sum
+    of that many smallest shares among the requests arriving from t.
+    """
+    cost = instance.cost
+    n = len(instance)
+    best = np.sort(instance.arrivals + time_alone(instance, objective))
+    # a request's share of the KV capacity: its area (the sum of its items) / M, or the items'
+    # dual-feasible weights
+    kv_shares, work, tokens, capacity_tokens = shares or _shares(instance, objective)
+    arrivals = instance.arrivals
+    for t in release_times(arrivals):
+        # of the k requests done first, at least k - (those arriving before t) arrive at t or later
+        # and are served in batches that start at t or later
+        late = arrivals >= t
+        before = n - int(late.sum())
+        for kv_share in kv_shares:
+            for lam in np.linspace(0.0, 1.0, steps):
+                share = cost.intercept * (lam * kv_share[late] + (1 - lam) * tokens[late] / capacity_tokens) + work[late]
+                best[before:] = np.maximum(best[before:], t + np.cumsum(np.sort(share)))
+    # the k requests done first have also run, between them, as many batches as the longest of them
+    # needs alone (b_i): at least min over B of k0 B + the k smallest works among requests with b_i <= B
+    alone = batches_alone(instance, objective)
+    by_length = np.full(n, np.inf)
+    for B in np.unique(alone):
+        sums = np.cumsum(np.sort(work[alone <= B]))
+        by_length[:len(sums)] = np.minimum(by_length[:len(sums)], cost.intercept * B + sums)
+    return np.maximum(best, by_length)

@@ -1,0 +1,115 @@
+"""The KV each request holds in distinct batches of any schedule, and what that says about batch counts.
+
+The batch generating token q of request i holds at least I + q - 1 KV tokens (block-rounded), in any
+schedule, with pauses or evictions; before its first token, its prefill's batches hold what they
+have processed. These *items* share batches of capacity M, so their area, their dual-feasible weights
+(Fekete and Schepers) and the configuration LP (`configuration_lp`) all count batches. The first
+batches hold less while prefills fill the cache: the *prefill ramp* (docs/formulation.md, "Bounds",
+"The prefill ramp").
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..alone import batches_alone, tokens_waited
+from ..objective import Objective
+from ..workload import Instance
+
+#: the dual-feasible functions u^(k) tried, k = 1 .. this many
+DFF_FUNCTIONS = 64
+
+
+def dual_feasible_weights(used: np.ndarray, capacity: int, k: int) -> np.ndarray:
+    """Fekete and Schepers' dual-feasible function u^(k) of used / capacity: x if (k + 1) x is an
+    integer, else floor((k + 1) x) / k. Superadditive with u(1) = 1, so the weights of whatever fits
+    in one batch sum to at most 1."""
+    return dff_numerators(used, capacity, k) / (k * capacity)
+
+
+def dff_numerators(used, capacity: int, k: int) -> np.ndarray:
+    """u^(k) times k * capacity: integers, so that the integer (CP-SAT) model can take the rows."""
+    used = np.asarray(used, dtype=np.int64)
+    scaled = (k + 1) * used
+    return np.where(scaled % capacity == 0, k * used, (scaled // capacity) * capacity)
+
+
+def kv_room(system) -> int:
+    """The most KV a batch can charge: M rounded down to whole blocks (each request's KV is)."""
+    return system.kv_capacity // system.block_size * system.block_size
+
+
+def ramp_capacities(instance: Instance) -> np.ndarray:
+    """The most KV items batch t = 1, 2, ... can hold while the cache fills, up to the first batch
+    that can hold `kv_room`.
+
+    An item's tokens were each processed in its batch or before, and the first t batches process at
+    most C t tokens, so the unrounded items of batch t sum to at most C t; block rounding adds at
+    most b - 1 per request holding an item there, and those are at most the most requests whose
+    smallest items (the least each has processed) fit in C t together."""
+    s = instance.system
+    room, per_batch = kv_room(s), s.max_batch_tokens
+    t = np.arange(1, -(-room // per_batch) + 1, dtype=np.int64)
+    least = (instance.prompts.astype(np.int64) - 1) % s.max_prefill_tokens + 1  # each request's smallest item, unrounded
+    holding = np.searchsorted(np.cumsum(np.sort(least)), per_batch * t, side="right")
+    return np.minimum(room, per_batch * t + (s.block_size - 1) * holding)
+
+
+def batches_to_hold(total, ramp: np.ndarray, full: float):
+    """The fewest batches whose capacities add up to `total` (a number, or an array of them; a hair
+    less passes: `total` may be a floating-point sum with relative error ~1e-12): batch t holds
+    ramp[t - 1] while the ramp lasts (never empty), `full` after it."""
+    totals = np.asarray(total, dtype=float) * (1 - 1e-9)
+    filled = np.cumsum(ramp, dtype=float)
+    within = np.searchsorted(filled, totals - 1e-9) + 1
+    beyond = len(filled) + np.maximum(0.0, np.ceil((totals - filled[-1]) / full - 1e-9)) if full > 0 else len(filled)
+    batches = np.where(totals <= 1e-9, 0, np.where(totals <= filled[-1], within, beyond)).astype(np.int64)
+    return int(batches) if batches.ndim == 0 else batches
+
+
+def kv_items(instance: Instance, objective: Objective = Objective.TOTAL_LATENCY) -> tuple[np.ndarray, np.ndarray]:
+    """(items, owner): KV that a request holds at least in distinct batches of any schedule, block-rounded,
+    and the request each item belongs to. The batch generating its token q holds I + q - 1 (q = 1..O;
+    only q = 1 where the objective waits for first tokens); before the first, it holds I - j p in the
+    j-th batch back of the prefill that brings its KV to I (j = 1, 2, .. while positive; p = P, the most
+    a batch prefills or refills), whatever pauses or evictions came between."""
+    prompts = instance.prompts.astype(np.int64)
+    count = tokens_waited(instance, objective)
+    owner = np.repeat(np.arange(len(count)), count)
+    q = np.arange(len(owner)) - np.repeat(np.cumsum(count) - count, count) + 1  # 1..O within each request
+    p = instance.system.max_prefill_tokens
+    chunks = batches_alone(instance, Objective.MEAN_TTFT) - 1  # batches of the prefill before its last
+    before = np.repeat(np.arange(len(count)), chunks)
+    j = np.arange(len(before)) - np.repeat(np.cumsum(chunks) - chunks, chunks) + 1  # 1..chunks within each request
+    tokens = np.r_[prompts[owner] + q - 1, prompts[before] - j * p]
+    return np.asarray(instance.system.blocks(tokens), dtype=np.int64), np.r_[owner, before]
+
+
+def kv_weights(instance: Instance, objective: Objective = Objective.TOTAL_LATENCY, items=None) -> np.ndarray:
+    """Per request (rows) the weights of its KV items (`kv_items`) under each dual-feasible function
+    u^(k), k = 1..DFF_FUNCTIONS (columns): whatever shares one batch weighs at most 1 in every column.
+    `items`: `kv_items`' answer where the caller has it already."""
+    items, owner = items if items is not None else kv_items(instance, objective)
+    M, n = instance.system.kv_capacity, len(instance)
+    return np.stack([np.bincount(owner, dual_feasible_weights(items, M, k), n) for k in range(1, DFF_FUNCTIONS + 1)],
+                    axis=1)
+
+
+def dff_batches(instance: Instance, items=None) -> int:
+    """Batches needed by the KV items (`kv_items`, or `items` where the caller has them; one per
+    request and batch): max over k of sum u^(k)(item / M), rounded up."""
+    return math.ceil(kv_weights(instance, items=items).sum(axis=0).max() - 1e-9)
+
+
+def min_batches(instance: Instance) -> int:
+    """The fewest batches of any complete schedule: the longest output, all tokens over C, the prompts
+    over P, the KV items' area over the prefill ramp and their dual-feasible weights."""
+    s = instance.system
+    reqs = instance.requests
+    by_output = max(r.output for r in reqs)
+    by_tokens = math.ceil(sum(r.peak_kv for r in reqs) / s.max_batch_tokens)
+    by_prefill = math.ceil(sum(r.prompt for r in reqs) / s.max_prefill_tokens)
+    items = kv_items(instance)
+    by_area = batches_to_hold(float(items[0].sum()), ramp_capacities(instance), kv_room(s))
+    return max(by_output, by_tokens, by_prefill, by_area, dff_batches(instance, items))

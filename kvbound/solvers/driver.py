@@ -1,0 +1,65 @@
+"""`solve_with(instance, options) -> Result`: the best schedule and a stated lower bound.
+
+One visible loop: every phase of the plan that applies to what the ledger holds runs, offering
+schedules and certifying bounds on it, and the result is read off the ledger. The heuristics'
+schedules (valid under the semantics and the hypothesis constraints) give an upper bound and the
+warm start; the upper bound fixes a horizon J that provably admits an optimal schedule; the model
+is solved (or, where none fits, the search runs); every schedule is re-evaluated by the validator,
+and that exact latency is what is reported.
+"""
+from __future__ import annotations
+
+from .. import interrupt
+from ..backends import BACKENDS
+from ..bounds.base import Bound
+from ..constraints import Constraints
+from ..deadline import Deadline
+from ..errors import KvboundError
+from ..formulation import FORMULATION_KINDS
+from ..interrupt import Stopped
+from ..schedulers import FAST_HEURISTICS
+from .ledger import Ledger
+from .options import DEFAULT_TIME_LIMIT, SEARCH, SolveOptions
+from .plan import PLAN
+from .result import Result
+
+def solve_with(instance, options: SolveOptions, deadline: Deadline | None = None) -> Result:
+    """Best schedule and lower bound for `options.objective` (`deadline`, default `options.time_limit`
+    from now, bounds the whole call)."""
+    deadline = deadline if deadline is not None else Deadline(options.time_limit)
+    backend = _lookup(BACKENDS, options.backend, "solver")
+    if options.formulation not in ("auto", SEARCH):
+        _lookup(FORMULATION_KINDS, options.formulation, "formulation")
+    ledger = Ledger(instance, options, deadline)
+    for phase in PLAN:
+        if phase.applies(ledger):
+            try:
+                phase.run(ledger)
+            except Stopped:  # an interrupt (or a deadline) outside a phase's own guard: what is known stands
+                pass
+    with interrupt.deferred():  # what is known is reported, whatever comes now
+        return ledger.result(backend.name)
+
+
+def solve(instance, objective: str = "total_latency", backend: str = "highs", time_limit: float = DEFAULT_TIME_LIMIT,
+          warm_start=FAST_HEURISTICS, formulation: str = "auto", constraints: Constraints = Constraints(),
+          horizon: int | None = None, verbose: bool = False, export: str | None = None, *,
+          skip_proven: bool = True, deadline: Deadline | None = None) -> Result:
+    """`solve_with` for callers that name the options one by one (a notebook, a test)."""
+    options = SolveOptions(objective, backend, formulation, time_limit, warm_start, horizon, constraints, verbose, export,
+                           skip_proven)
+    return solve_with(instance, options, deadline)
+
+
+def lower_bounds(instance, options: SolveOptions, deadline: Deadline | None = None) -> tuple[list[Bound], Result]:
+    """Every lower bound kvbound has for `options.objective` (cheapest first) and the solve that gave
+    them: before a model, the bounds that need a schedule's horizon (the LP relaxation) take up to
+    half of the time the heuristics leave."""
+    result = solve_with(instance, options.but(every_bound=True), deadline)
+    return result.bounds, result
+
+
+def _lookup(table: dict, name: str, what: str):
+    if name not in table:
+        raise KvboundError(f"unknown {what} {name!r}; choose from {', '.join(table)}")
+    return table[name]

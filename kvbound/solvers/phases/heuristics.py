@@ -1,0 +1,84 @@
+"""The warm-start heuristics: every named scheduler's schedule, then the serial one, offered to the
+ledger; and the route the solve takes from there."""
+from __future__ import annotations
+
+from ... import interrupt, progress
+from ...deadline import Deadline
+from ...errors import SchedulerRefused, SchedulerStuck
+from ...interrupt import Stopped
+from ...schedulers import run_scheduler
+from ...schedulers.serial import serial_schedule
+from ..ledger import Candidate, Ledger
+from ..options import SolveOptions
+from ..route import route
+
+#: the part of the time the heuristics may use (they stop at it; a model gets the rest)
+HEURISTIC_SHARE = 0.5
+
+
+class Heuristics:
+    """The heuristics of `options.warm_start`, each while time is left (one cut short by the deadline or
+    an interrupt is left out), then the serial schedule: valid under every constraint, it still gets
+    the whole time limit if nothing else was made by then, as a model needs a schedule to derive its
+    horizon from."""
+
+    name = "heuristics"
+
+    def applies(self, ledger) -> bool:
+        return True
+
+    def run(self, ledger) -> None:
+        progress.report(phase=self.name)
+        instance, constraints = ledger.instance, ledger.constraints
+        deadline = ledger.deadline.share(HEURISTIC_SHARE)
+        try:
+            for name in ledger.options.warm_start or ():
+                with deadline.enforced():
+                    try:
+                        result = run_scheduler(instance, name)
+                    except (SchedulerRefused, SchedulerStuck):
+                        continue
+                    ledger.offer(result.schedule, name, result.replay.metrics, seed=True)
+        except Stopped:
+            pass
+        serial_deadline = deadline if ledger.seeds or interrupt.requested() is not None else ledger.deadline
+        try:
+            with serial_deadline.enforced():
+                order = list(constraints.admission_order) if constraints.admission_order is not None else None
+                serial = serial_schedule(instance, order, chunked=not constraints.no_chunk)
+                if serial is not None:
+                    ledger.offer(serial, "serial", seed=True)
+        except Stopped:
+            pass
+
+
+def heuristic_candidates(instance, options: SolveOptions) -> list[Candidate]:
+    """The schedules the heuristics of `options.warm_start` and the serial one give that meet the
+    constraints, each validated, in order, without a time limit (what a solve starts from)."""
+    ledger = Ledger(instance, options, Deadline(None))
+    Heuristics().run(ledger)
+    return ledger.seeds
+
+
+class ChooseRoute:
+    """A model (which, at what horizon) or the search, from the best schedule meeting the constraints;
+    none where the heuristics were stopped before any schedule."""
+
+    name = "route"
+
+    def __init__(self, backends):
+        self.backends = backends
+
+    def applies(self, ledger) -> bool:
+        return ledger.upper is not None or not ledger.deadline.expired()
+
+    def run(self, ledger) -> None:
+        upper = ledger.upper
+        ledger.route = chosen = route(ledger.instance, ledger.options, self.backends[ledger.options.backend],
+                                      upper.schedule if upper else None, upper.value if upper else None)
+        if ledger.done() and ledger.proven:
+            # a heuristic schedule meets a certified bound (valid under any constraints): it is optimal,
+            # and a model could add nothing but time and memory
+            ledger.skipped = "the best heuristic schedule meets the analytic bound: optimal without a model"
+        elif chosen.way == "none":
+            ledger.skipped = chosen.why_not

@@ -1,0 +1,25 @@
+"""What a solve runs, in order: the phases (`PLAN`) and the bounds registered for their stages.
+
+The import line below registers the bounds in `kvbound.bounds` (each module registers its method
+for a stage, `kvbound.bounds.base.register`), in the order they run within a stage. A new bound: its
+module in kvbound/bounds, and its name added to that line.
+"""
+from __future__ import annotations
+
+from ..backends import BACKENDS
+from ..bounds import analytic, configuration_lp, lagrangian, completion_master, lp_relaxation  # noqa: F401  registers them
+from ..bounds.base import Stage
+from .phases.bounds import Bounds
+from .phases.heuristics import ChooseRoute, Heuristics
+from .phases.model import Model
+from .phases.packing import Packing
+from .phases.search import Search
+
+PLAN = (
+    Bounds(Stage.FIRST),  # the analytic bounds, from the instance alone
+    Heuristics(),  # the warm-start heuristics and the serial schedule
+    ChooseRoute(BACKENDS),  # a model, the search, or neither
+    Bounds(Stage.MODEL),  # before a model, where every bound is asked for (the LP relaxation)
+    Model(BACKENDS),  # the model, warm-started, solved by the backend
+    Search(steps=(Bounds(Stage.SEARCH), Packing())),  # where no model is solved: until the deadline or a proof
+)
