@@ -3,6 +3,9 @@
 Data flows one way: case file -> `Instance` -> scheduler or formulation + solver ->
 `Schedule` -> `validate` / metrics -> report, plot or replay.
 """
+from . import interrupt as _interrupt
+
+_interrupt.at_startup()  # the `kvbound` command only: a Ctrl-C while it still imports is its interrupt, not a traceback
 from .costs import CostModel
 from .errors import InputError, KvboundError
 from .schedule import Batch, Metrics, Schedule, ScheduleError, validate

@@ -117,13 +117,18 @@ def account_batch(tokens: Mapping[int, int], cached: Sequence[int] | Mapping[int
     return BatchAccount(tok, decode_kv, attention, prefill_kv, prefill_requests, prefill_tokens, kv, overdrawn)
 
 
-def largest_batch_time(system: Limits, cost: BatchCost, n_requests: int) -> float:
-    """An upper bound on the time of any valid batch of an instance with `n_requests` requests.
+def largest_batch_time(system: Limits, cost: BatchCost, n_requests: int, tokens_held: int | None = None) -> float:
+    """An upper bound on the time of any valid batch of an instance with `n_requests` requests, whose
+    requests together process or hold at most `tokens_held` tokens in one batch (their I + O - 1
+    summed; None: no such cap).
 
     A batch processes at most C tokens, its requests hold at most M cached tokens together (the
     M rule), so sum c^2 + 2 m c <= C^2 + 2 M C, and each prefill-type request processes >= 1
     token, so there are at most min(N, C) of them; every feature's coefficient is >= 0, and the
-    convex token term is largest at C tokens.
+    convex token term is largest at C tokens. The models' Big-M constants come from this bound, so
+    a loose one (C = 4,096 beside a few tokens) lets a solver's tolerance buy a wrong optimum.
     """
     C, M = system.max_batch_tokens, system.kv_capacity
+    if tokens_held is not None:
+        C, M = min(C, tokens_held), min(M, tokens_held)
     return cost.batch_time(C, M, C * C + 2 * M * C, M, min(n_requests, C))

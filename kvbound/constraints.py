@@ -42,6 +42,19 @@ class Constraints:
         allowed: any prefix can then be completed by evicting, which changes no first token)."""
         return objective.first_token and not self.no_evict
 
+    def impossible(self, instance: Instance) -> str | None:
+        """Why no schedule of `instance` can meet these constraints, where that follows from the case
+        alone (None: it does not): no request may be processed, or a prompt must go in one chunk that
+        no batch can hold."""
+        if self.max_batch_size is not None and self.max_batch_size < 1:
+            return f"at most {self.max_batch_size} requests per batch: no request can be processed"
+        P = instance.system.max_prefill_tokens
+        if self.no_chunk:
+            for i, r in enumerate(instance.requests):
+                if r.prompt > P:
+                    return f"request {i}'s prompt of {r.prompt} tokens exceeds P = {P}, and no chunked prefill forbids splitting it"
+        return None
+
     def within_cap(self, value: float) -> bool:
         """Whether an objective value meets the cap (if any)."""
         return self.objective_cap is None or value <= self.objective_cap * (1 + 1e-12)

@@ -8,6 +8,7 @@ keeps the last one, tells the child to stop on an interrupt, and kills it where 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import sys
 import threading
@@ -46,20 +47,28 @@ def run_cpsat_process(solve_here: Callable, payload, deadline: Deadline, *, grac
     receive, send = ctx.Pipe(duplex=False)
     stop_receive, stop_send = ctx.Pipe(duplex=False)
     began = time.monotonic()
-    child = ctx.Process(target=_cpsat_child, daemon=True, args=(send, stop_receive, solve_here, payload, deadline.at))
-    interrupt.add_child(child)
-    with _sigint_ignored():  # a Ctrl-C reaches the whole process group: the child starts deaf to it
-        child.start()
-    send.close()
-    stop_receive.close()
+    child = ctx.Process(target=_cpsat_child, daemon=True,
+                        args=(send, stop_receive, solve_here, payload, deadline.at, os.getpid()))
     best = None  # the last ("incumbent", ...) the child reported
     message = None
+    solving = False  # the child said it began to solve (or sent anything)
     kill_at = deadline.at + grace
-    try:
-        with interrupt.deferred():
+    # a signal during the start is deferred, not lost: it stays pending (`held`) and is then only a
+    # request (`deferred`) that the loop below sees at once; the child starts with the signals blocked
+    # (a Ctrl-C reaches the whole process group) and ignores SIGINT before it unblocks them
+    with interrupt.deferred():
+        try:
+            interrupt.add_child(child)
+            try:
+                with interrupt.held():
+                    child.start()
+            finally:
+                send.close()
+                stop_receive.close()
             while message is None or message[0] not in ("done", "error"):
-                if interrupt.requested() is not None and kill_at > time.monotonic() + interrupt.STOP_GRACE:
-                    kill_at = time.monotonic() + interrupt.STOP_GRACE
+                if interrupt.requested() is not None and kill_at > time.monotonic() + interrupt.STOP_GRACE * solving:
+                    # a child that is solving gets STOP_GRACE to hand back its answer; one still starting has none
+                    kill_at = time.monotonic() + interrupt.STOP_GRACE * solving
                     with contextlib.suppress(OSError):
                         stop_send.send("stop")
                 wait = kill_at - time.monotonic()
@@ -73,18 +82,24 @@ def run_cpsat_process(solve_here: Callable, payload, deadline: Deadline, *, grac
                 except KeyboardInterrupt:  # no handler installed (a library caller): stop, keep the best
                     interrupt.request()
                     continue
+                except RuntimeError:  # the child ended without an answer
+                    if interrupt.requested() is None:
+                        raise
+                    return CpsatAnswer(None, best, time.monotonic() - began, "stopped by an interrupt")
+                solving = solving or message is not None
                 if message is not None and message[0] == "incumbent":
                     best = message
                     if on_incumbent is not None:
                         on_incumbent(message)
-    finally:
-        child.join(timeout=5)
-        if child.is_alive():
-            child.kill()
-            child.join(timeout=5)
-        interrupt.drop_child(child)
-        receive.close()
-        stop_send.close()
+        finally:
+            if child.pid is not None:  # started
+                child.join(timeout=interrupt.STOP_GRACE if interrupt.requested() is not None else 5)
+                if child.is_alive():
+                    child.kill()
+                    child.join(timeout=5)
+            interrupt.drop_child(child)
+            receive.close()
+            stop_send.close()
     kind, payload = message
     if kind == "error":
         raise payload
@@ -121,22 +136,6 @@ def _stop_on_message(solver, stop_conn) -> None:
     threading.Thread(target=wait_for_stop, daemon=True).start()
 
 
-@contextlib.contextmanager
-def _sigint_ignored():
-    """SIGINT ignored meanwhile (main thread only), so that a process started here inherits the
-    ignored disposition through exec: Python installs its KeyboardInterrupt handler only where
-    SIGINT is at its default, so a Ctrl-C during the child's start-up (imports) cannot end it with a
-    traceback. Only the few milliseconds of the start are deaf in this process."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
 def _receive(conn, child, timeout: float | None):
     """The child's next message, or None if none came within `timeout` seconds."""
     if not conn.poll(timeout):
@@ -148,10 +147,13 @@ def _receive(conn, child, timeout: float | None):
         raise RuntimeError(f"the CP-SAT process ended without an answer (exit code {child.exitcode})") from None
 
 
-def _cpsat_child(conn, stop_conn, solve_here, payload, at) -> None:
-    # the parent handles Ctrl-C and tells this process to stop; it dies with the parent
+def _cpsat_child(conn, stop_conn, solve_here, payload, at, parent) -> None:
+    # the parent handles Ctrl-C and tells this process to stop; it dies with the parent (at once if
+    # that has already happened). It started with SIGINT and SIGTERM blocked (`interrupt.held`): a
+    # Ctrl-C that came meanwhile is dropped here, as SIGINT is ignored before they are unblocked
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    interrupt.die_with_parent()
+    interrupt.die_with_parent(parent)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, interrupt.SIGNALS)
     lock = threading.Lock()
 
     def say(message):

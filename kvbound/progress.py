@@ -1,6 +1,7 @@
 """A live progress line on a terminal (stderr): elapsed time, best schedule, bound and gap, one line
-updated in place (a carriage return and an erase-line escape, as tqdm draws its bars). Phases `report()` what they know; `line()` shows it while a command runs, and is
-silent when stderr is not a terminal (or when the command prints JSON).
+updated in place (a carriage return and an erase-line escape, as tqdm draws its bars), cut to the
+terminal's width so that it never wraps. Phases `report()` what they know; `line()` shows it while a
+command runs, and is silent when stderr is not a terminal (or when the command prints JSON).
 
 Backends report in model units (`incumbent`, `bound`); `solve_with` reports the `scale` that turns
 them into seconds, and the best validated schedule (`best`, seconds) and the analytic bound.
@@ -9,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
+import shutil
 import sys
 import threading
 import time
@@ -42,6 +45,23 @@ def _text(started: float) -> str:
     return "  ".join(p for p in parts if p)
 
 
+def width(stream) -> int:
+    """The terminal's width in columns, read at every update (a resized window): $COLUMNS if set, else the
+    terminal `stream` is on, else the one stdout is on (`shutil.get_terminal_size`; 80 if none)."""
+    if not os.environ.get("COLUMNS", "").strip().isdigit():
+        try:
+            return os.get_terminal_size(stream.fileno()).columns
+        except (AttributeError, OSError, ValueError):
+            pass
+    return shutil.get_terminal_size().columns
+
+
+def fit(text: str, columns: int) -> str:
+    """`text` cut to fit in one line of `columns`: a line as long as the terminal is wide would wrap on
+    some terminals (and then every update would add a line), so at most columns - 1 characters."""
+    return text[:max(columns - 1, 0)]
+
+
 @contextlib.contextmanager
 def line(enabled: bool = True, stream=None, every: float = 0.5):
     """Show the progress line on `stream` (stderr) while the block runs, if it is a terminal."""
@@ -55,7 +75,7 @@ def line(enabled: bool = True, stream=None, every: float = 0.5):
     stop = threading.Event()
 
     def show(text: str) -> None:  # one line, rewritten in place (carriage return, erase to the end)
-        stream.write("\r" + text + "\x1b[K")
+        stream.write("\r" + fit(text, width(stream)) + "\x1b[K")
         stream.flush()
 
     def refresh():

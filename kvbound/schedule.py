@@ -127,6 +127,8 @@ class Slo:
                 raise InputError(source, field, f"{text!r}: {key}: expected a number of seconds, got {value.strip()!r}") from None
             if not (math.isfinite(v) and v > 0):
                 raise InputError(source, field, f"{text!r}: {key}: must be a finite number of seconds > 0")
+            if key in values:
+                raise InputError(source, field, f"{text!r}: {key} given more than once")
             values[key] = v
         missing = [k for k in ("ttft", "tbt") if k not in values]
         if missing:

@@ -72,6 +72,11 @@ class Instance:
     def arrivals(self) -> np.ndarray:
         return np.array([r.arrival for r in self.requests], dtype=float)
 
+    @cached_property
+    def tokens_held(self) -> int:
+        """The most tokens the requests together can process in one batch or hold in KV: sum of I + O - 1."""
+        return int(sum(r.peak_kv for r in self.requests))
+
     @property
     def offline(self) -> bool:
         return bool((self.arrivals == 0).all())

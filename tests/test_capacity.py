@@ -23,7 +23,8 @@ def test_capacity_finds_the_largest_factor_that_attains_the_target():
     assert result.slo_attainment == slo_attainment(scale_arrivals(INST, result.rate_factor), "sarathi", SLO)
     assert slo_attainment(scale_arrivals(INST, result.rate_factor * 1.02), "sarathi", SLO) < 0.7
     assert result.requests_per_second == pytest.approx(result.rate_factor * 10 / 9)
-    assert list(result.to_json()) == ["scheduler", "rate_factor", "requests_per_second", "slo_attainment"]
+    assert list(result.to_json()) == ["scheduler", "rate_factor", "requests_per_second", "slo_attainment", "capped", "status"]
+    assert result.capped is False  # issue 34: a key added (a result at the search's cap says so)
 
 
 def test_capacity_bad_input():
@@ -43,7 +44,7 @@ def test_cli_capacity(cli, write_file):
     rc, out, err = cli("capacity", case, "--scheduler", "sarathi", "--slo", "ttft=2,tbt=1")
     assert rc == 0, err
     data = json.loads(out)
-    assert list(data) == ["scheduler", "rate_factor", "requests_per_second", "slo_attainment"]
+    assert list(data) == ["scheduler", "rate_factor", "requests_per_second", "slo_attainment", "capped", "status"]
     assert data["slo_attainment"] >= 0.7 and "rate factor" in err
     rc, out, err = cli("capacity", case, "--scheduler", "larry:alpha=-1", "--slo", "ttft=2,tbt=1")
     assert rc == 2 and len(err.splitlines()) == 1 and err.startswith("error: ") and "alpha" in err

@@ -345,12 +345,16 @@ def bad(*argv):
     bad("prove", "{case}", "--compare", "default"),
     bad("prove", "{case}", "--compare", "default", "--vs", "no-such-set"),
     bad("prove", "{case}", "--compare", "batch<=x", "--vs", "default"),
+    bad("prove", "{case}", "--compare", "batch<=0", "--vs", "default"),
     bad("prove", "{case}"),
+    bad("solve", "{case}", "--formulation", "search", "--export", "{tmp}/m.mps"),
+    bad("solve", "{case}", "--formulation", "lagrangian", "--export", "{tmp}/m.lp"),
 ])
 def test_bad_options_exit_2_with_one_error_line(cli, case, tmp_path, argv):
     path = case()
-    argv = [a.format(case=path, missing=tmp_path / "missing.toml") for a in argv]
+    argv = [a.format(case=path, missing=tmp_path / "missing.toml", tmp=tmp_path) for a in argv]
     assert_one_error_line(*cli(*argv))
+    assert not (tmp_path / "m.mps").exists() and not (tmp_path / "m.lp").exists()
 
 
 def test_json_stdout_is_only_json_whatever_the_solver_prints(tmp_path):
@@ -371,3 +375,74 @@ def test_json_stdout_is_only_json_whatever_the_solver_prints(tmp_path):
         assert proc.returncode == 0, proc.stderr
         data = json.loads(proc.stdout)
         assert data["status"] == "optimal" and data["solver"] == solver
+
+
+def kvbound_process(tmp_path, *argv, timeout=120):
+    """`kvbound ARGV` in a real process (native code writes to file descriptors, which capsys does not see)."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    return subprocess.run([sys.executable, "-m", "kvbound.cli", *map(str, argv)], capture_output=True, text=True,
+                          cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=timeout)
+
+
+def test_solver_banners_only_with_verbose(tmp_path):
+    case = tmp_path / "fig15.toml"
+    case.write_text(FIG15)
+    quiet = kvbound_process(tmp_path, "solve", case, "--time-limit", "20")
+    assert quiet.returncode == 0 and quiet.stderr == "" and "HiGHS" not in quiet.stdout
+    loud = kvbound_process(tmp_path, "solve", case, "--time-limit", "20", "--verbose")
+    assert loud.returncode == 0 and "HiGHS" in loud.stderr and "HiGHS" not in loud.stdout
+
+
+def test_an_export_not_written_is_said_and_fails(tmp_path):
+    # the model cannot be built within 2 s here: the result is printed, then one error line, exit 1,
+    # and no file (it used to say "model written to" and exit 0)
+    case = tmp_path / "fig15.toml"
+    case.write_text(FIG15.replace("prompt = 2", "prompt = 1024").replace("kv_capacity = 4", "kv_capacity = 2048"))
+    out = tmp_path / "m.mps"
+    proc = kvbound_process(tmp_path, "solve", case, "--time-limit", "2", "--export", out, "--json")
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith(f"error: {out}: export: not written: time limit")
+    data = json.loads(proc.stdout)
+    assert data["exported"] is None and data["export_problem"].startswith("time limit") and not out.exists()
+
+
+def test_an_export_is_written_where_the_heuristics_prove_the_optimum(cli, case, tmp_path):
+    out = tmp_path / "m.lp"
+    rc, stdout, err = cli("solve", case(), "--export", str(out), "--time-limit", TL)
+    assert rc == 0 and err == "" and f"model written to {out}" in stdout and out.stat().st_size > 0
+
+
+def test_constraints_no_schedule_can_meet_are_proven_infeasible_with_their_cause(cli, case):
+    long_prompt = SMALL.replace("max_batch_tokens = 4", "max_batch_tokens = 4\nmax_prefill_tokens = 2")
+    rc, out, err = cli("solve", case(long_prompt), "--no-chunk", "--json")
+    data = one_json(out)
+    assert (rc, err) == (0, "") and data["status"] == "infeasible" and data["success"]
+    assert "request 0's prompt of 3 tokens exceeds P = 2" in data["message"] and data["lower_bound"] == "inf"
+    rc, out, err = cli("prove", case(long_prompt), "--compare", "default", "--vs", "no-chunk", "--json")
+    assert (rc, err) == (0, "") and one_json(out)["verdict"] == "proved"
+
+
+def test_a_solve_not_proven_keeps_improving_until_its_limit(cli, case):
+    # a horizon below the certified one leaves the model's bound conditional: not a proof, so the
+    # search goes on after the model until the time limit
+    rc, out, err = cli("solve", case(FIG15), "--horizon", "2", "--time-limit", "4", "--json")
+    data = one_json(out)
+    assert (rc, err) == (0, "") and data["status"] == "feasible" and not data["bound_certified"]
+    assert data["seconds"] >= 3.5 and data["stats"]["search"].startswith("after the model")
+
+
+def test_a_short_limit_on_a_large_case_still_returns_a_schedule(cli, shared_data):
+    # the first 1,000 conversation requests: each heuristic takes over a second here, and the analytic
+    # bounds almost one; until one has made a schedule each may use the whole limit (at 5 s the
+    # heuristics' half-share ended before the first one finished: "objective n/a")
+    from tests.conftest import REPO
+
+    rc, out, err = cli("solve", str(REPO / "cases" / "splitwise_conv_1000.toml"), "--time-limit", "5", "--json")
+    data = one_json(out)
+    assert (rc, err) == (0, "") and data["status"] == "feasible" and data["objective"] is not None
+    assert data["seconds"] <= 5 + 2

@@ -209,6 +209,30 @@ def test_highs_matches_the_oracle(instance, objective, no_evict, form):
     check_optimal(instance, objective, "highs", no_evict, formulation=form)
 
 
+#: found by a hostile probe (issue 34): C = 4,096 beside prompts of 3 and 4 tokens made the models' Big-M
+#: constants ~842,000 (the largest batch time at C tokens), and HiGHS's tolerance let a point 0.23 s below
+#: the schedule it describes through: "optimal" 6.46 against the true 6.575 (the model's horizon 5)
+LARGE_C = inst([(3, 2), (4, 3)], M=7, C=4096, P=465,
+               cost=CostModel(intercept=1, per_token=0.2, decode_kv=0.01, prefill_attention=0.05, prefill_kv=0.02,
+                              per_prefill_request=0.5))
+
+
+def test_a_large_batch_budget_beside_small_requests_is_still_proven_optimal():
+    check_optimal(LARGE_C, Objective.MEAN_LATENCY, "highs", formulation="auto")
+
+
+@settings(max_examples=25, **PROPERTY)
+@given(instance=tiny(costs=("round", "all-terms", "a100", "kv-heavy")), objective=st.sampled_from(list(Objective)),
+       C=st.sampled_from([64, 512, 4096]), form=st.sampled_from(STATE_NETWORKS))
+def test_solves_with_a_batch_budget_far_above_the_requests_match_the_oracle(instance, objective, C, form):
+    # the models' constants scale with what the requests can process, not with C
+    s = instance.system
+    wide = Instance(instance.requests, SystemConfig(s.kv_capacity, C, min(C, 8 * s.max_prefill_tokens), s.block_size),
+                    instance.cost)
+    small_enough(wide, objective, Constraints(), form, 16)
+    check_optimal(wide, objective, "highs", False, formulation=form)
+
+
 @settings(max_examples=20, **PROPERTY)
 @given(instance=tiny(), objective=st.sampled_from(list(Objective)), no_evict=st.booleans(), form=st.sampled_from(FORMS))
 def test_cpsat_matches_the_oracle(instance, objective, no_evict, form):
@@ -359,15 +383,16 @@ def test_short_horizon_gives_a_conditional_bound(form):
     objective = Objective.MEAN_LATENCY
     J = horizon(FIG15_O2, objective, Constraints(), form)
     assert J >= 3
-    res = solve(FIG15_O2, objective, "highs", TIME_LIMIT, horizon=2, formulation=form)
+    res = solve(FIG15_O2, objective, "highs", 3.0, horizon=2, formulation=form)
     assert res.bound_certified is False
     assert res.status == "feasible"  # never "optimal" without a certified bound
     assert "horizon J = " in res.stats["horizon_reason"]
     opt = brute_force(FIG15_O2, objective).value
-    # the reported lower bound is still a valid one (the analytic bound); the model's is only conditional
-    assert res.lower_bound <= opt * (1 + BOUND_REL)
-    assert res.lower_bound == res.stats["analytic_bound"]
+    # the reported lower bound is still a valid one (analytic, or the search's after the model: not
+    # proven, the solve goes on until its limit); the model's is only conditional
+    assert res.stats["analytic_bound"] <= res.lower_bound <= opt * (1 + BOUND_REL)
     assert res.stats["conditional_bound"] is not None
+    assert res.seconds >= 2.5 and res.stats["search"].startswith("after the model")
     assert res.objective >= opt * (1 - REL)
     check_schedule(FIG15_O2, res, objective, Constraints())
     # at (or above) the certified horizon the bound is certified again
@@ -470,11 +495,12 @@ def test_objective_cap_at_the_optimum_is_feasible():
     check_optimal(IDLE_GAP, objective, "highs", constraints=Constraints(objective_cap=opt), expected=opt)
 
 
-def test_unsatisfiable_constraints_are_an_error_not_a_crash():
-    # no chunking with a prompt longer than P: no heuristic schedule, no horizon to certify
+def test_unsatisfiable_constraints_are_proven_infeasible_with_their_cause():
+    # no chunking with a prompt longer than P: no schedule at all, and the case alone says why
     instance = inst([(4, 2), (1, 1)], M=6, C=4, P=2)
-    with pytest.raises(KvboundError, match="horizon"):
-        solve(instance, Objective.TOTAL_LATENCY, "highs", 5, constraints=Constraints(no_chunk=True))
+    res = solve(instance, Objective.TOTAL_LATENCY, "highs", 5, constraints=Constraints(no_chunk=True))
+    assert res.status == "infeasible" and res.success and res.schedule is None and res.lower_bound == math.inf
+    assert "request 0's prompt of 4 tokens exceeds P = 2" in res.message and res.seconds < 5
 
 
 def test_bad_arguments():

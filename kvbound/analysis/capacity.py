@@ -6,6 +6,10 @@ rate). `capacity()` brackets the largest f whose SLO attainment is >= the target
 from f = 1), then bisects on log f until the bracket is within `rel_tol`. It assumes attainment falls
 as the rate grows (true of every scheduler here in practice, not guaranteed); it reports the largest
 f it saw attain the target. Every schedule is replayed by the validator.
+
+The factors tried stay within [1 / LIMIT, LIMIT]. When the attainment never falls below the target up
+to LIMIT (or never reaches it down to 1 / LIMIT), the result is that cap, not a measurement: `capped`
+says so (`rate_factor` is LIMIT, or 0).
 """
 from __future__ import annotations
 
@@ -13,7 +17,9 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .. import interrupt
 from ..errors import InputError
+from ..interrupt import Stopped
 from ..io.schedules import schedule_from_json
 from ..schedule import Slo, validate
 from ..schedulers import get_scheduler, simulate
@@ -21,6 +27,9 @@ from ..workload import Instance, Request
 
 #: the factors tried stay within [1 / LIMIT, LIMIT]
 LIMIT = 2.0 ** 20
+#: `rel_tol`, the relative width of the final bracket, is in [MIN_TOLERANCE, MAX_TOLERANCE]: below, the
+#: bisection would stall on floating-point steps; above 1 the doubling bracket (a factor 2) is already narrower
+MIN_TOLERANCE, MAX_TOLERANCE = 1e-6, 1.0
 
 
 @dataclass
@@ -30,10 +39,24 @@ class CapacityResult:
     requests_per_second: float  # the case's mean arrival rate times rate_factor
     slo_attainment: float  # at rate_factor
     evaluations: int
+    capped: bool = False  # the search hit a cap of its range: rate_factor is LIMIT (or 0), not a measurement
+    interrupted: bool = False  # cut short by Ctrl-C or SIGTERM: the best factor found by then
 
     def to_json(self) -> dict:
         return {"scheduler": self.scheduler, "rate_factor": self.rate_factor,
-                "requests_per_second": self.requests_per_second, "slo_attainment": self.slo_attainment}
+                "requests_per_second": self.requests_per_second, "slo_attainment": self.slo_attainment,
+                "capped": self.capped, "status": "interrupted" if self.interrupted else "complete"}
+
+    @property
+    def cap_note(self) -> str:
+        """What a capped result means, in a sentence ("" when not capped)."""
+        if not self.capped:
+            return ""
+        if self.rate_factor > 0:
+            return (f"the search reached its cap, rate factor {LIMIT:.0f} (2^20), with the SLO still attained: "
+                    f"the capacity is at least this, not measured")
+        return (f"the SLO is not attained even at rate factor 1/{LIMIT:.0f} (2^-20), the search's lower cap: "
+                f"no capacity measured")
 
 
 def scale_arrivals(instance: Instance, factor: float) -> Instance:
@@ -63,6 +86,9 @@ def capacity(instance: Instance, scheduler: str, slo: Slo, attainment: float = 0
     """The largest rate factor with SLO attainment >= `attainment` (see the module docstring)."""
     if not 0 < attainment <= 1:
         raise InputError("", "attainment", f"must be in (0, 1], got {attainment}")
+    if not MIN_TOLERANCE <= rel_tol <= MAX_TOLERANCE:
+        raise InputError("", "tolerance", f"must be in [{MIN_TOLERANCE:g}, {MAX_TOLERANCE:g}] (the relative width "
+                                          f"of the final bracket), got {rel_tol:g}")
     get_scheduler(scheduler)  # a bad name or option is bad input before any work
     rate = base_rate(instance)
     seen: dict[float, float] = {}
@@ -74,22 +100,30 @@ def capacity(instance: Instance, scheduler: str, slo: Slo, attainment: float = 0
                 progress(f, seen[f])
         return seen[f]
 
-    lo, hi = 1.0, 1.0
-    if att(1.0) >= attainment:
-        while hi < LIMIT and att(hi * 2) >= attainment:
-            hi *= 2
-        lo, hi = hi, hi * 2
-    else:
-        while lo > 1 / LIMIT and att(lo / 2) < attainment:
-            lo /= 2
-        lo, hi = lo / 2, lo
-    if hi > LIMIT or lo < 1 / LIMIT:  # never fell below the target, or never reached it
+    def best_seen(**flags) -> CapacityResult:
         best = max((f for f, a in seen.items() if a >= attainment), default=0.0)
-        return CapacityResult(scheduler, best, rate * best, seen.get(best, 0.0), len(seen))
-    while hi / lo > 1 + rel_tol:
-        mid = math.sqrt(lo * hi)
-        if att(mid) >= attainment:
-            lo = mid
+        return CapacityResult(scheduler, best, rate * best, seen.get(best, 0.0), len(seen), **flags)
+
+    try:
+        lo, hi = 1.0, 1.0
+        if att(1.0) >= attainment:
+            while hi < LIMIT and att(hi * 2) >= attainment:
+                hi *= 2
+            lo, hi = hi, hi * 2
         else:
-            hi = mid
-    return CapacityResult(scheduler, lo, rate * lo, att(lo), len(seen))
+            while lo > 1 / LIMIT and att(lo / 2) < attainment:
+                lo /= 2
+            lo, hi = lo / 2, lo
+        if hi > LIMIT or lo < 1 / LIMIT:  # never fell below the target, or never reached it
+            return best_seen(capped=True)
+        while hi / lo > 1 + rel_tol:
+            mid = math.sqrt(lo * hi)
+            if att(mid) >= attainment:
+                lo = mid
+            else:
+                hi = mid
+        return CapacityResult(scheduler, lo, rate * lo, att(lo), len(seen))
+    except Stopped:  # an interrupt: the best factor measured by then, said so
+        if interrupt.requested() is None:
+            raise
+        return best_seen(interrupted=True)

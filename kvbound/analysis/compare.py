@@ -15,14 +15,23 @@ demonstrably (best known) remove. They use the same convention as the solver's g
 A scheduler that cannot serve the case (e.g. vLLM without chunking on a prompt longer
 than P) or that gets stuck keeps its row: its metrics and gaps are None (null in JSON)
 and `row.refused` says why.
+
+Given a `deadline` (the CLI's `--time-limit`), the whole comparison keeps to it: the
+schedulers' simulations run under it (with `solve`, under `SCHEDULER_SHARE` of it), and a row
+not simulated in time is kept, refused with "time limit"; the solve gets the rest. An
+interrupt (Ctrl-C) ends the simulations at once (rows not finished: "interrupted"), and the
+table of the rows finished is returned, its `status` "interrupted".
 """
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 
+from .. import interrupt
 from ..deadline import Deadline
 from ..errors import InputError, SchedulerRefused, SchedulerStuck
+from ..interrupt import Stopped
 from ..io.schedules import schedule_from_json
 from ..bounds.analytic import analytic_bounds
 from ..schedule import Metrics, Schedule, Slo, validate
@@ -39,8 +48,13 @@ ROW_KEYS = ("scheduler", "total_latency", "mean_latency", "mean_ttft", "mean_tpo
             "slo_attainment", "gap_to_bound", "gap_to_best")
 METRIC_COLUMNS = ROW_KEYS[1:-2]
 #: the keys of the whole `--json` object (a contract)
-TABLE_KEYS = ("objective_name", "lower_bound", "bound_certified", "best_known", "rows")
+TABLE_KEYS = ("objective_name", "lower_bound", "bound_certified", "best_known", "rows", "status")
 OPTIMAL = "optimal"  # the solver's row
+#: the table's `status`: every row done; a row not simulated within the time limit; cut short by Ctrl-C
+COMPLETE, TIME_LIMIT, INTERRUPTED = "complete", "time limit", "interrupted"
+#: with `solve` and a deadline: the part of the time the schedulers' simulations may use (the solve
+#: gets the rest, at least half; its own warm-start heuristics take up to half of that)
+SCHEDULER_SHARE = 0.5
 
 
 @dataclass
@@ -56,7 +70,7 @@ class ComparisonRow:
     @property
     def label(self) -> str:
         """The row's name for people: the optimal row says whether the solver proved it optimal."""
-        if self.scheduler != OPTIMAL or not self.status:
+        if self.scheduler != OPTIMAL or not self.status or self.metrics is None:
             return self.scheduler
         return f"{OPTIMAL} ({'proven' if self.status == 'optimal' else 'best found, not proven'})"
 
@@ -81,6 +95,7 @@ class ComparisonTable:
     rows: list[ComparisonRow]
     bound_source: str = ""  # which bound `lower_bound` is
     solve_result: object | None = field(default=None, repr=False)  # kvbound.solvers.Result when solved
+    status: str = COMPLETE  # COMPLETE, TIME_LIMIT (a row not simulated in time) or INTERRUPTED
 
     def row(self, scheduler: str) -> ComparisonRow:
         for r in self.rows:
@@ -91,7 +106,7 @@ class ComparisonTable:
     def to_json(self) -> dict:
         return {"objective_name": self.objective_name, "lower_bound": self.lower_bound,
                 "bound_certified": self.bound_certified, "best_known": self.best_known,
-                "rows": [r.to_json() for r in self.rows]}
+                "rows": [r.to_json() for r in self.rows], "status": self.status}
 
     # ------------------------------------------------------------------ text forms
     #: the text and markdown columns: metric key -> header (slo_attainment only where an SLO was given)
@@ -128,7 +143,9 @@ class ComparisonTable:
         cert = "certified" if self.bound_certified else "not certified"
         best = "none" if self.best_known is None else f"{self.best_known:.6g} s"
         src = f", {self.bound_source}" if self.bound_source else ""
-        return f"objective {self.objective_name}: lower bound {bound} ({cert}{src}); best known {best}"
+        cut = {COMPLETE: "", TIME_LIMIT: "; time limit: rows not simulated in time say so",
+               INTERRUPTED: "; interrupted: the rows finished before it, the others say so"}.get(self.status, "")
+        return f"objective {self.objective_name}: lower bound {bound} ({cert}{src}); best known {best}{cut}"
 
     def to_text(self) -> str:
         cells = self._cells()
@@ -187,27 +204,45 @@ def compare(instance: Instance, schedulers="all", *, solve: bool = False, option
 
     `options` say how to solve and which objective the gaps are on (default: `SolveOptions()`);
     `objective`, `time_limit`, `solver` and `formulation`, where given, replace single options.
-    `deadline` (default: the time limit from the start of the solve) bounds the solve.
-    `slo`, where given, adds every row's `slo_attainment`.
+    `deadline`, where given, bounds the whole comparison: the simulations (with `solve`, in
+    `SCHEDULER_SHARE` of it; rows not simulated in time are refused with "time limit") and the
+    solve (the rest). Without it the simulations are not limited and the solve gets the time limit
+    from its start. `slo`, where given, adds every row's `slo_attainment`.
     """
     changes = {"objective": objective, "time_limit": time_limit, "backend": solver, "formulation": formulation}
     options = (options or SolveOptions()).but(**{k: v for k, v in changes.items() if v is not None})
     objective = options.objective.value
     names = resolve_schedulers(schedulers)
-    rows = [_run(instance, name, slo) for name in names]
-    # analytic bounds hold for every schedule; a solver bound only when its horizon is certified
-    bounds = [(b.value, b.name) for b in analytic_bounds(instance, options.objective) if b.certified and math.isfinite(b.value)]
+    # analytic bounds hold for every schedule (first: once an interrupt comes, only the output is left to
+    # do); a solver bound only when its horizon is certified
+    try:
+        with (deadline or Deadline(None)).enforced():
+            bounds = [(b.value, b.name) for b in analytic_bounds(instance, options.objective)
+                      if b.certified and math.isfinite(b.value)]
+    except Stopped:
+        bounds = []
+    if deadline is None:
+        rows_deadline = Deadline(None)
+    else:
+        rows_deadline = deadline.share(SCHEDULER_SHARE) if solve else deadline
+    rows, replay_seconds = _run_all(instance, names, slo, rows_deadline)
     result = None
-    if solve:
-        # warm-start from the compared schedulers too, so the optimum row is never worse than any of them
-        warm = list(dict.fromkeys([*FAST_HEURISTICS, *names]))
-        result = solve_with(instance, options.but(warm_start=warm), deadline)
-        if result.schedule is not None:
-            replay = validate(instance, schedule_from_json(result.schedule.to_json()))
-            best_row = ComparisonRow(OPTIMAL, replay.apply_slo(slo), result.schedule, status=result.status)
-        else:
-            best_row = ComparisonRow(OPTIMAL, None, refused=f"the solver found no schedule ({result.status})",
-                                     status=result.status)
+    if solve and interrupt.requested() is not None:  # the solve would only stop at once
+        rows.insert(0, ComparisonRow(OPTIMAL, None, refused=INTERRUPTED, status=INTERRUPTED))
+    elif solve:
+        # warm-start from the compared schedulers too (the best rows first), so the optimum row is never
+        # worse than any of them where time allows; the replay of its schedule below is kept inside the limit
+        done = sorted((r for r in rows if r.metrics is not None), key=lambda r: r.value(objective))
+        warm = list(dict.fromkeys([*(r.scheduler for r in done), *FAST_HEURISTICS, *names]))
+        solve_deadline = deadline.shifted(-replay_seconds) if deadline is not None else None
+        result = solve_with(instance, options.but(warm_start=warm), solve_deadline)
+        with interrupt.deferred():  # what the solve found is reported, whatever comes now
+            if result.schedule is not None:
+                replay = validate(instance, schedule_from_json(result.schedule.to_json()))
+                best_row = ComparisonRow(OPTIMAL, replay.apply_slo(slo), result.schedule, status=result.status)
+            else:
+                best_row = ComparisonRow(OPTIMAL, None, refused=f"the solver found no schedule ({result.status})",
+                                         status=result.status)
         rows.insert(0, best_row)  # the reference row first
         if result.bound_certified and result.lower_bound is not None and math.isfinite(result.lower_bound):
             bounds.append((float(result.lower_bound), f"{result.solver} {result.formulation} bound"))
@@ -220,14 +255,41 @@ def compare(instance: Instance, schedulers="all", *, solve: bool = False, option
             continue
         r.gap_to_bound = relative_gap(v, lower) if lower is not None else None
         r.gap_to_best = relative_gap(v, best)
-    return ComparisonTable(objective, lower, lower is not None, best, rows, source, result)
+    if interrupt.requested() is not None or any(r.refused == INTERRUPTED for r in rows):
+        status = INTERRUPTED
+    elif any(r.refused == TIME_LIMIT for r in rows):
+        status = TIME_LIMIT
+    else:
+        status = COMPLETE
+    return ComparisonTable(objective, lower, lower is not None, best, rows, source, result, status)
 
 
-def _run(instance: Instance, spec: str, slo: Slo | None = None) -> ComparisonRow:
+def _run_all(instance: Instance, names: list[str], slo: Slo | None, deadline: Deadline) -> tuple[list[ComparisonRow], float]:
+    """The rows of `names`, each simulated while `deadline` (or an interrupt) allows; the others are
+    kept, refused with why ("time limit" or "interrupted"). Also the longest replay's seconds (what
+    the optimum row's replay will take, about)."""
+    rows, stopped, replay_seconds = [], None, 0.0
+    for name in names:
+        if stopped is None:
+            try:
+                with deadline.enforced():
+                    row, seconds = _run(instance, name, slo)
+                rows.append(row)
+                replay_seconds = max(replay_seconds, seconds)
+                continue
+            except Stopped as stop:
+                stopped = INTERRUPTED if interrupt.requested() is not None else stop.reason
+        rows.append(ComparisonRow(name, None, refused=stopped))
+    return rows, replay_seconds
+
+
+def _run(instance: Instance, spec: str, slo: Slo | None = None) -> tuple[ComparisonRow, float]:
+    """The row of `spec`, and the seconds its replay took."""
     try:
         sim = simulate(instance, get_scheduler(spec))
     except (SchedulerRefused, SchedulerStuck) as exc:
-        return ComparisonRow(spec, None, refused=str(exc))
+        return ComparisonRow(spec, None, refused=str(exc)), 0.0
     # the table reports the validator's replay of the schedule's JSON form, not the simulator's own numbers
+    began = time.perf_counter()
     replay = validate(instance, schedule_from_json(sim.schedule.to_json()))
-    return ComparisonRow(spec, replay.apply_slo(slo), sim.schedule)
+    return ComparisonRow(spec, replay.apply_slo(slo), sim.schedule), time.perf_counter() - began

@@ -17,13 +17,12 @@ trusting it.
 """
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 from ..errors import InputError
-from ..fileio import write_json_atomic
-from ..io.schedules import dump_schedule, load_schedule
+from ..fileio import read_user_json, repeated_keys, write_user_json
+from ..io.schedules import load_schedule
 from ..schedule import Batch, Schedule, ScheduleError
 from ..workload import Instance
 from .roles import schedule_roles
@@ -62,6 +61,7 @@ def from_precomputed(instance: Instance, data, source: str = "<precomputed>") ->
     """
     if not isinstance(data, dict):
         raise InputError(source, "", "must be a JSON object with requests and batches")
+    repeated_keys(source, "", data)
     for key in data:
         if key not in _TOP_KEYS:
             raise InputError(source, key, f"unknown key; allowed: {', '.join(_TOP_KEYS)}")
@@ -91,6 +91,7 @@ def from_precomputed(instance: Instance, data, source: str = "<precomputed>") ->
         where = f"batches[{j}]"
         if not isinstance(b, dict):
             raise InputError(source, where, "must be an object with c, p and e")
+        repeated_keys(source, where, b)
         for key in b:
             if key not in _BATCH_KEYS:
                 raise InputError(source, f"{where}.{key}", f"unknown key; allowed: {', '.join(_BATCH_KEYS)}")
@@ -130,12 +131,16 @@ def _tokens(source: str, where: str, c, n: int) -> dict[int, int]:
             raise InputError(source, where, f"must list {n} integers >= 0 (one per request)")
         return {i: v for i, v in enumerate(c) if v}
     if isinstance(c, dict):
-        out = {}
+        repeated_keys(source, where, c, "request id")
+        out, named = {}, {}
         for key, v in c.items():
             try:
                 i = int(key)
             except ValueError:
                 raise InputError(source, where, f"request id {key!r} is not an integer") from None
+            if i in named:
+                raise InputError(source, where, f"request id {i} given more than once ({named[i]!r} and {key!r})")
+            named[i] = key
             if not _is_int(v) or v < 0:
                 raise InputError(source, f"{where}.{key}", f"must be an integer >= 0, got {v!r}")
             if v:
@@ -147,26 +152,24 @@ def _tokens(source: str, where: str, c, n: int) -> dict[int, int]:
 def _id_list(source: str, where: str, ids) -> list[int]:
     if not isinstance(ids, list) or not all(_is_int(i) for i in ids):
         raise InputError(source, where, "must be a list of request ids")
+    if len(set(ids)) != len(ids):
+        twice = sorted({i for i in ids if ids.count(i) > 1})
+        raise InputError(source, where, f"request id {', '.join(map(str, twice))} listed more than once")
     return ids
 
 
 def export_precomputed(instance: Instance, schedule_path: str | Path, out: str | Path) -> dict:
     """Read a schedule JSON, validate it on `instance` and write the paper's form to `out`."""
     data = to_precomputed(instance, load_schedule(schedule_path))
-    write_json_atomic(out, data)
+    write_user_json(out, data)  # a failed write (a full disk) is bad input naming the file
     return data
 
 
 def import_precomputed(instance: Instance, path: str | Path, out: str | Path | None = None) -> Schedule:
     """Read the paper's form, validate it on `instance` and (optionally) write kvbound's schedule JSON."""
     path = Path(path)
-    from ..fileio import read_user_text
-
-    try:
-        data = json.loads(read_user_text(path))
-    except json.JSONDecodeError as exc:
-        raise InputError(str(path), "", f"malformed JSON: {exc}") from None
+    data = read_user_json(path)  # malformed, too deeply nested: bad input
     schedule = from_precomputed(instance, data, str(path))  # validated there
     if out is not None:
-        dump_schedule(schedule, out)
+        write_user_json(out, schedule.to_json())
     return schedule

@@ -137,14 +137,18 @@ def solve_cbc(arrays: ModelArrays, deadline: Deadline, warm: np.ndarray | None, 
 
 def _run_child(args: list[str], log: str, limit: Deadline) -> str | None:
     """Run a solver binary (its output to `log`) until it ends, `limit` passes or an interrupt:
-    then SIGINT, and SIGKILL `interrupt.STOP_GRACE` seconds later. Returns why it was stopped, or None."""
+    then SIGINT, and SIGKILL `interrupt.STOP_GRACE` seconds later. Returns why it was stopped, or None.
+
+    The binary runs in its own session (the terminal's Ctrl-C reaches kvbound, which stops it) and
+    dies with kvbound, even a SIGKILLed one (`interrupt.child_setup`: the parent-death signal). A
+    signal while it starts is deferred (`interrupt.held`), never lost: the loop below sees it at once."""
     stopped, kill_at = None, None
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)  # the terminal's Ctrl-C reaches kvbound, not the solver
-    interrupt.add_child(proc)
-    try:
-        with interrupt.deferred():
+    with interrupt.deferred():
+        with open(log, "wb") as out, interrupt.held():
+            proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True, preexec_fn=interrupt.child_setup())
+            interrupt.add_child(proc)
+        try:
             while True:
                 try:
                     proc.wait(0.05)
@@ -159,11 +163,11 @@ def _run_child(args: list[str], log: str, limit: Deadline) -> str | None:
                     kill_at = time.monotonic() + interrupt.STOP_GRACE
                 elif kill_at is not None and time.monotonic() > kill_at:
                     proc.kill()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
-        interrupt.drop_child(proc)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+            interrupt.drop_child(proc)
     return stopped
 
 

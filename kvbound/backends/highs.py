@@ -11,7 +11,7 @@ import numpy as np
 from .. import interrupt, progress
 from ..bounds.base import bound_above
 from ..deadline import Deadline
-from ..fileio import native_stdout_to_stderr
+from ..fileio import native_stdout_aside
 from ..formulation.model import ModelArrays
 from .base import Backend, BackendOutcome, accepted, register, threads
 
@@ -30,7 +30,7 @@ def solve_highs(arrays: ModelArrays, deadline: Deadline, warm: np.ndarray | None
     import highspy
 
     time_limit = deadline.remaining()  # HiGHS's own unit, once
-    with native_stdout_to_stderr():  # highspy 1.16 prints its banner when constructed, before any option
+    with native_stdout_aside(verbose):  # highspy 1.16 prints its banner when constructed, before any option
         h = highspy.Highs()
     h.setOptionValue("output_flag", bool(verbose))
     if not presolve:

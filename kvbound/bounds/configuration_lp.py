@@ -26,7 +26,7 @@ import numpy as np
 
 from ..alone import minimum_work
 from ..deadline import Deadline
-from ..fileio import native_stdout_to_stderr
+from ..fileio import native_stdout_aside
 from ..workload import Instance
 from .base import Bound, Stage, register
 from .kv_items import batches_to_hold, kv_items, ramp_capacities
@@ -83,7 +83,7 @@ def configuration_batches(instance: Instance, deadline: Deadline) -> Configurati
     n = len(sizes)
     if n == 0:  # every item fits any batch with the others: the LP says nothing
         return ConfigurationBound(0, 0.0, 0, time.perf_counter() - t0, unit)
-    with native_stdout_to_stderr():  # highspy prints its banner when constructed
+    with native_stdout_aside():  # highspy prints its banner when constructed
         h = highspy.Highs()
     h.setOptionValue("output_flag", False)
     h.setOptionValue("threads", 1)

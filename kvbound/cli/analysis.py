@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from .. import progress
+from .. import interrupt, progress
 from ..deadline import Deadline
 from ..io.cases import load_case
 from ..io.schedules import load_schedule
@@ -31,7 +31,8 @@ def register(sub) -> None:
     p.add_argument("--schedulers", default="all", help="all (default) or a comma list, e.g. vllm,sarathi:prefill_limit=256")
     p.add_argument("--solve", action="store_true", help="also solve for the optimum (row 'optimal') and its bound")
     add_objective(p, "the value gaps are measured on")
-    add_time_limit(p, "solver seconds with --solve")
+    add_time_limit(p, "seconds for the whole comparison (with --solve: up to half for the simulations, the rest "
+                      "for the solve); a row not simulated in time says so")
     add_backend(p)
     p.add_argument("--plot", metavar="OUT.png", help="also draw a bar chart (.png, .svg or .pdf)")
     add_slo(p)
@@ -98,19 +99,20 @@ def cmd_compare(args) -> int:
     if args.plot:
         check_out_path(args.plot, "plot")  # before a long solve, not after
     instance = load_case(args.case)
-    with progress.line(not args.json):
+    with progress.line(not args.json):  # the whole command keeps to --time-limit (kvbound.analysis.compare)
         table = compare(instance, args.schedulers, solve=args.solve, options=options, deadline=deadline, slo=args.slo)
-    if args.plot:
-        plot_comparison(table, args.plot, title=f"{instance.name or args.case}: {options.objective.replace('_', ' ')}")
-    if args.json:
-        print(json.dumps(table.to_json()))
-    elif args.markdown:
-        print(table.to_markdown())
-    else:
-        print(f"{instance.name or args.case}, {len(instance)} requests")
-        print(table.to_text())
+    with interrupt.deferred():  # an interrupt now changes nothing: the rows finished are printed (main: exit 130)
+        if args.json:
+            print(json.dumps(table.to_json()), flush=True)
+        elif args.markdown:
+            print(table.to_markdown(), flush=True)
+        else:
+            print(f"{instance.name or args.case}, {len(instance)} requests")
+            print(table.to_text(), flush=True)
         if args.plot:
-            print(f"chart written to {args.plot}")
+            plot_comparison(table, args.plot, title=f"{instance.name or args.case}: {options.objective.replace('_', ' ')}")
+            if not args.json and not args.markdown:
+                print(f"chart written to {args.plot}")
     return 0
 
 
@@ -127,13 +129,26 @@ def cmd_plot(args) -> int:
 
 def cmd_sweep(args) -> int:
     from ..analysis.sweep import load_spec, run_sweep
+    from ..analysis.sweep.report import written_files
+    from ..errors import InputError
+    from ..fileio import check_out_folder, same_file
 
     spec = load_spec(args.spec)
     out = Path(args.out or Path("sweep-results") / spec.name)
+    check_out_folder(out, "--out")
+    inputs = [("sweep spec", args.spec)] + [("case file", case) for case in spec.grid.get("case", [])]
+    for path in written_files(spec, out):  # the sweep's own files in --out may not be its inputs
+        for what, source in inputs:
+            if same_file(path, source):
+                raise InputError(str(source), "--out", f"the sweep writes {path} over this {what}, an input of "
+                                                       "the sweep; give another --out folder")
     result = run_sweep(spec, out, backend=args.backend, workers=args.workers, address=args.address)
     points = result.ran + result.skipped
     print(f"sweep {spec.name}: {points} points ({result.skipped} already done, {result.ran} run) "
           f"in {result.seconds:.1f} s, backend {args.backend}")
+    if result.interrupted:
+        print(f"interrupted: {len(spec.points()) - points} points not run; the summary holds the finished ones, "
+              "and a re-run does the rest")
     print(f"results: {out / 'results.csv'}; summary: {out / 'summary.md'}")
     for v in result.verdicts:
         print(f"claim {v.verdict}: {v.claim.text} ({sum(p.holds for p in v.points)} of {len(v.points)} points)")

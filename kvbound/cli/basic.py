@@ -80,9 +80,7 @@ def cmd_simulate(args) -> int:
     if args.out:
         write_user_json(args.out, schedule_json)
     if args.json:
-        json.dump({"scheduler": result.policy, "metrics": replay.metrics.to_dict(), "schedule": schedule_json},
-                  sys.stdout)
-        print()
+        print(json.dumps({"scheduler": result.policy, "metrics": replay.metrics.to_dict(), "schedule": schedule_json}))
     else:
         name = instance.name or args.case
         print_metrics(f"{name}: scheduler {result.policy}, {len(instance)} requests", replay.metrics)

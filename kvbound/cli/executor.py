@@ -241,8 +241,7 @@ def cmd_replay(args) -> int:
         "prepare_total": float(result.prepare_seconds.sum()),  # host preparation, in neither total above
     }
     if args.json:
-        json.dump(summary, sys.stdout)
-        print()
+        print(json.dumps(summary))
     else:
         _print_replay(args, shape, result, predicted, measured, rel, summary)
     if args.plot:

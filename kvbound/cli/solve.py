@@ -67,8 +67,9 @@ def _warm(text: str):
     return names
 
 
-def _fmt(v) -> str:
-    return "n/a" if v is None else ("inf" if v == math.inf else f"{v:.6g}")
+def _fmt(v, unit: str = " s") -> str:
+    """A value with its unit (seconds unless told); n/a without one."""
+    return "n/a" if v is None else ("inf" if v == math.inf else f"{v:.6g}") + unit
 
 
 def cmd_solve(args) -> int:
@@ -92,13 +93,12 @@ def _report_solve(args, instance, options, res) -> int:
         except InputError as exc:  # checked before solving; still, the result is printed before the error
             failed = exc
     if args.json:
-        json.dump(res.to_json(), sys.stdout)
-        print()
-        return _failed_write(failed)
+        sys.stdout.write(json.dumps(res.to_json()) + "\n")  # one write: json.dump writes piece by piece
+        return _failed_write(failed) or _failed_export(args, res)
     print(f"{instance.name or args.case}: {options.objective}, solver {res.solver}, formulation {res.formulation}")
-    print(f"  status       {res.status}")
-    print(f"  objective    {_fmt(res.objective)} s  (best schedule from {res.source or 'none'}, exact by the validator)")
-    print(f"  lower bound  {_fmt(res.lower_bound)} s  ({'certified' if res.bound_certified else 'conditional on the horizon'})")
+    print(f"  status       {res.status}" + (f" ({res.message.removeprefix('infeasible: ')})" if res.status == "infeasible" else ""))
+    print(f"  objective    {_fmt(res.objective)}  (best schedule from {res.source or 'none'}, exact by the validator)")
+    print(f"  lower bound  {_fmt(res.lower_bound)}  ({'certified' if res.bound_certified else 'conditional on the horizon'})")
     print(f"  gap          {'n/a' if res.gap is None else f'{100 * res.gap:.3f}%'}")
     print(f"  horizon      J = {res.horizon}: {res.horizon_reason}")
     if res.constraints:
@@ -107,11 +107,20 @@ def _report_solve(args, instance, options, res) -> int:
         print(f"  solver       not run: {res.skipped}; the bound is analytic")
     print(f"  warm start   {res.warm_start or 'none'} (accepted by the solver: {res.warm_start_accepted})")
     print(f"  time         {res.seconds:.2f} s (model build {res.build_seconds:.2f} s)")
-    if args.export:
-        print(f"  model written to {args.export}")
+    if res.exported:
+        print(f"  model written to {res.exported}")
     if args.out and res.schedule is not None and failed is None:
         print(f"  schedule written to {args.out}")
-    return _failed_write(failed)
+    return _failed_write(failed) or _failed_export(args, res)
+
+
+def _failed_export(args, res) -> int:
+    """After the result is printed: a model asked for and not written is one error line, exit 1."""
+    if not res.export_problem:
+        return 0
+    sys.stdout.flush()
+    print(f"error: {args.export}: export: not written: {res.export_problem}", file=sys.stderr)
+    return 1
 
 
 def _failed_write(failed: InputError | None) -> int:
@@ -130,22 +139,30 @@ def cmd_bound(args) -> int:
     instance = load_case(args.case)
     with progress.line(not args.json):
         bounds, res = lower_bounds(instance, options, deadline)
+    with interrupt.deferred():  # an interrupt now changes nothing: what was computed is printed (main: exit 130)
+        return _report_bounds(args, instance, objective, bounds, res)
+
+
+def _report_bounds(args, instance, objective, bounds, res) -> int:
+    """`bound`'s output; `status` is the solve's (as in `solve --json`), "interrupted" after Ctrl-C or SIGTERM."""
     certified = [b.value for b in bounds if b.certified and math.isfinite(b.value)]
     best = max(certified) if certified else None
     if args.json:
         print(json.dumps({"objective_name": objective, "bounds": [b.to_json() for b in bounds], "best": best,
-                          "best_known": res.objective}))
+                          "best_known": res.objective, "status": res.status}))
         return 0
     print(f"{instance.name or args.case}: lower bounds on {objective}")
-    width = max(len(b.name) for b in bounds)
+    width = max((len(b.name) for b in bounds), default=0)
     for b in bounds:
         if not math.isfinite(b.value):  # none computed: say why instead of printing -inf
             print(f"  {b.name:<{width}}  none  [{b.seconds:.2f} s]  ({b.note})")
             continue
         tag = "" if b.certified else f"  (conditional: {b.conditions or 'not certified'})"
         note = f"  ({b.note})" if b.note else ""
-        print(f"  {b.name:<{width}}  {_fmt(b.value)} s  [{b.seconds:.2f} s]{tag}{note}")
-    print(f"  best certified bound: {_fmt(best)} s; best known schedule: {_fmt(res.objective)} s")
+        print(f"  {b.name:<{width}}  {_fmt(b.value)}  [{b.seconds:.2f} s]{tag}{note}")
+    print(f"  best certified bound: {_fmt(best)}; best known schedule: {_fmt(res.objective)}")
+    if res.status == "interrupted":
+        print("  interrupted: the bounds above are those computed before it")
     return 0
 
 
@@ -163,6 +180,8 @@ def parse_constraint_set(text: str) -> Constraints:
                 flags["max_batch_size"] = int(part[7:])
             except ValueError:
                 raise InputError("--compare/--vs", part, "batch<=K needs an integer K") from None
+            if flags["max_batch_size"] < 1:
+                raise InputError("--compare/--vs", part, "batch<=K needs K >= 1 (a batch holds at least one request)")
         elif part in _SETS:
             flags[part.replace("-", "_")] = True
         else:
@@ -192,6 +211,8 @@ def cmd_prove(args) -> int:
     print(f"because:    {out['reason']}")
     for key, val in out["evidence"].items():
         if isinstance(val, dict):
-            val = ", ".join(f"{k} {_fmt(v) if isinstance(v, float) else v}" for k, v in val.items() if k != "schedule")
+            val = ", ".join(f"{k} {_fmt(v, '') if isinstance(v, float) else v}" for k, v in val.items() if k != "schedule")
         print(f"  {key}: {val}")
+    if out.get("status") == "interrupted":
+        print("interrupted: the verdict stands on what was known then")
     return 0

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,14 +23,15 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import nnls
 
-from .model import FEATURES, CostModel
+from .model import FEATURES, MIN_INTERCEPT, CostModel
 from ..errors import InputError, KvboundError
 from ..fileio import read_user_text
 
 #: the profile CSV's feature columns, in the order of FEATURES (the coefficient each multiplies)
 FEATURE_COLUMNS = ("batches", "tokens", "decode_kv", "prefill_attention", "prefill_kv", "prefill_requests")
 TIME_COLUMN = "seconds"
-_MIN_INTERCEPT = 1e-9  # the cost model needs intercept > 0
+#: a profile has at most this many batches (rows)
+MAX_PROFILE_ROWS = 1_000_000
 #: a profile's measured batch time, seconds, is at most this (an hour: no batch takes longer)
 MAX_SECONDS = 3600.0
 #: a profile's feature values are at most this (prefill_attention of a 2^24-token prompt is 2^48)
@@ -58,30 +60,42 @@ class Calibration:
     held_out: np.ndarray
     train_quality: FitQuality
     held_out_quality: FitQuality
-    intercept_clamped: bool  # NNLS put the intercept at 0; it was raised to _MIN_INTERCEPT
+    intercept_clamped: bool  # NNLS put the intercept at 0; it was raised to MIN_INTERCEPT
     knees_chosen: bool = False  # the knees were picked by cross-validation (not given)
 
 
 def read_profile(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
     """The feature matrix [batches, 6] and measured seconds of a profile CSV."""
     source = str(path)
+    needed = (*FEATURE_COLUMNS, TIME_COLUMN)
     try:
-        reader = csv.DictReader(io.StringIO(read_user_text(path), newline=""))
-        header = reader.fieldnames or []
-        for column in (*FEATURE_COLUMNS, TIME_COLUMN):
+        reader = csv.reader(io.StringIO(read_user_text(path), newline=""))
+        header = next(reader, [])
+        for column in needed:
             if column not in header:
                 raise InputError(source, column, f"missing column (needs {', '.join(FEATURE_COLUMNS)}, "
                                                  f"{TIME_COLUMN})")
-        rows = list(reader)
+        rows = list(itertools.islice(reader, MAX_PROFILE_ROWS + 1))
+        if len(rows) > MAX_PROFILE_ROWS:
+            raise InputError(source, "", f"more than {MAX_PROFILE_ROWS:,} batches; kvbound fits at most that many")
     except csv.Error as exc:
         raise InputError(source, "", f"malformed CSV: {exc}") from None
-    data = np.empty((len(rows), len(FEATURE_COLUMNS) + 1))
+    # kvbound's own profiles carry prefill_requests twice (the composition and the feature): a column
+    # given more than once is read where its copies agree, and refused on the first row where they differ
+    places = {column: [j for j, name in enumerate(header) if name == column] for column in needed}
+    data = np.empty((len(rows), len(needed)))
     for k, row in enumerate(rows):
-        for j, column in enumerate((*FEATURE_COLUMNS, TIME_COLUMN)):
+        for j, column in enumerate(needed):
+            texts = {row[i].strip() if i < len(row) else "" for i in places[column]}
+            if len(texts) > 1:
+                raise InputError(source, f"row {k + 2}, {column}", f"the column appears {len(places[column])} "
+                                 f"times with different values ({', '.join(sorted(map(repr, texts)))}); which "
+                                 f"one to read is ambiguous")
+            text = texts.pop()
             try:
-                value = float(row[column])
-            except (TypeError, ValueError):
-                raise InputError(source, f"row {k + 2}, {column}", f"not a number: {row[column]!r}") from None
+                value = float(text)
+            except ValueError:
+                raise InputError(source, f"row {k + 2}, {column}", f"not a number: {text!r}") from None
             if not math.isfinite(value) or value < 0 or (column == TIME_COLUMN and value == 0):
                 raise InputError(source, f"row {k + 2}, {column}",
                                  f"must be a finite number {'> 0' if column == TIME_COLUMN else '>= 0'}, got {value}")
@@ -92,7 +106,23 @@ def read_profile(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
     if len(rows) < 2 * len(FEATURES):
         raise InputError(source, "", f"{len(rows)} batches; a fit of {len(FEATURES)} coefficients with held-out "
                                      f"batches needs at least {2 * len(FEATURES)}")
+    problem = degenerate_problem(data[:, :-1], data[:, -1])
+    if problem:
+        raise InputError(source, "", problem)
     return data[:, :-1], data[:, -1]
+
+
+def degenerate_problem(features: np.ndarray, seconds: np.ndarray) -> str | None:
+    """Why a profile cannot be fitted, or None: every batch the same composition (nothing separates the
+    intercept from the other coefficients), or every batch the same time (R^2 undefined, nothing to fit)."""
+    n = len(seconds)
+    if n and len(np.unique(features, axis=0)) == 1:
+        return (f"cannot fit: all {n:,} batches have the same features (the same composition), so nothing "
+                "separates the intercept from the per-token costs; profile batches of different sizes")
+    if n and np.ptp(seconds) == 0:
+        return (f"cannot fit: all {n:,} batches took the same time ({seconds[0]:g} s), so R^2 is undefined "
+                "and no coefficient but the intercept can be told; profile again or more batch sizes")
+    return None
 
 
 #: knees tried when `calibrate` picks them (batch tokens)
@@ -107,6 +137,9 @@ KNEE_MIN_GAIN = 1e-3
 
 def calibrate(features: np.ndarray, seconds: np.ndarray, *, held_out_fraction: float = 0.2,
               seed: int = 0, knees: tuple[int, ...] | None = None) -> Calibration:
+    problem = degenerate_problem(features, seconds)
+    if problem:
+        raise KvboundError(problem)
     order = np.random.default_rng(seed).permutation(len(seconds))
     n_held = max(1, int(round(held_out_fraction * len(seconds))))
     held_out, train = np.sort(order[:n_held]), np.sort(order[n_held:])
@@ -117,7 +150,7 @@ def calibrate(features: np.ndarray, seconds: np.ndarray, *, held_out_fraction: f
     coef, slopes = _fit(features[train], seconds[train], knees)
     clamped = coef[0] <= 0
     if clamped:
-        coef[0] = _MIN_INTERCEPT
+        coef[0] = MIN_INTERCEPT
     try:
         cost = CostModel(**{name: float(v) for name, v in zip(FEATURES, coef)}, token_knees=knees,
                          per_token_above=tuple(float(v) for v in slopes))

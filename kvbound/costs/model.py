@@ -28,6 +28,9 @@ from ..accounting import FEATURES
 
 #: cost coefficients are finite and at most this (seconds per unit of their feature)
 MAX_COST = 1e3
+#: the intercept is at least this (seconds a batch): time is counted in intercepts (the models' units,
+#: their horizon), which a vanishing one would make infinite
+MIN_INTERCEPT = 1e-9
 
 
 def coefficient_problem(value, positive: bool = False) -> str | None:
@@ -39,6 +42,8 @@ def coefficient_problem(value, positive: bool = False) -> str | None:
         return f"must be finite, got {value}"
     if positive and value <= 0:
         return f"must be > 0, got {value}"
+    if positive and value < MIN_INTERCEPT:
+        return f"must be >= {MIN_INTERCEPT:g} s, got {value:g}"
     if value < 0:
         return f"must be >= 0, got {value}"
     if value > MAX_COST:

@@ -17,7 +17,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ..costs.calibrate import FEATURE_COLUMNS, TIME_COLUMN
-from ..fileio import write_atomic
+from ..fileio import write_user_file
 from .executor import Executor
 from .sequence import Sequence, work_features
 
@@ -123,4 +123,4 @@ def write_profile_csv(path: str | Path, rows: list[tuple]) -> None:
     writer.writerow((*COMPOSITION_COLUMNS, *FEATURE_COLUMNS, TIME_COLUMN, PREPARE_COLUMN))
     for row in rows:
         writer.writerow([f"{v:.9g}" if isinstance(v, float) else v for v in row])
-    write_atomic(path, buffer.getvalue())
+    write_user_file(path, buffer.getvalue())  # a full disk: one error line naming the file

@@ -116,7 +116,7 @@ def add_clock(md: Model, instance: Instance, J: int, units, integral: bool) -> C
     A = instance.arrivals
     online = not instance.offline
     y = md.binary("y", J)
-    T_max = largest_batch_time(instance.system, instance.cost, len(instance))
+    T_max = largest_batch_time(instance.system, instance.cost, len(instance), instance.tokens_held)
     T = md.add_vars("T", J, 0, units.up(T_max), integral)
     idle_max = float(A.max()) if online else 0.0
     idle = t = None

@@ -4,8 +4,9 @@ from __future__ import annotations
 import math
 
 from ..alone import time_alone, work_alone
+from ..errors import InputError
 from ..objective import Objective
-from ..workload import Instance
+from ..workload import MAX_INT, Instance
 
 
 def horizon_for(instance: Instance, objective: Objective, upper_bound: float, allow_evict: bool = True,
@@ -29,7 +30,10 @@ def horizon_for(instance: Instance, objective: Objective, upper_bound: float, al
         # n * mean + sum of arrivals, less what every other request needs at least after its arrival.
         own = instance.arrivals + time_alone(instance, objective)
         budget = n * upper_bound + float(instance.arrivals.sum()) - float(own.sum() - own.max())
-    processing = max(0, math.floor((budget - work) / cost.intercept * (1 + 1e-12) + 1e-9))
+    batches = (budget - work) / cost.intercept * (1 + 1e-12) + 1e-9
+    if not batches < MAX_INT:  # where no model could be built anyway
+        raise InputError("", "horizon", f"cannot be derived: the upper bound allows {batches:.3g} batches; give one")
+    processing = max(0, math.floor(batches))
     horizon = processing if (not allow_evict or evict_batches_implicit) else 2 * processing
     if objective.first_token:
         if allow_evict:  # the model stops at the first tokens; any prefix can then be completed by evicting

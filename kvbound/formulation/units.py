@@ -73,7 +73,7 @@ def tick_for(instance: Instance, horizon: int) -> float:
     feasible point of the same model, tests/test_solvers.py::test_cpsat_with_a_non_decimal_preset_and_arrivals).
     """
     cost, s = instance.cost, instance.system
-    t_max = largest_batch_time(s, cost, len(instance))
+    t_max = largest_batch_time(s, cost, len(instance), instance.tokens_held)
     span = ((horizon + 1) * t_max + float(instance.arrivals.max()) + 1.0) * max(1, len(instance))
     limit = 2.0 ** CPSAT_MAGNITUDE_BITS / span
     values = [v for v in list(cost.coefficients) + list(cost.per_token_above) + list(instance.arrivals) if v > 0]

@@ -5,13 +5,14 @@ its trace through `kvbound.io.traces`.
 """
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 
 from ..costs import FEATURES, PRESETS, CostModel
 from ..costs.model import coefficient_problem
 from ..errors import InputError
-from ..fileio import read_user_text
+from ..fileio import MAX_NESTING, nesting_problem, read_user_text
 from ..workload import (MAX_ARRIVAL, MAX_INT, MAX_REQUEST_TOKENS, MAX_REQUESTS, Instance, Request, SystemConfig,
                         is_int, nonneg_number, positive_int)
 from .traces import load_trace
@@ -120,14 +121,45 @@ def load_case(path: str | Path) -> Instance:
 MAX_TOML_BYTES = 256 << 20
 
 
+#: a dotted key (`a.b.c = 1`, `[a.b.c]`) longer than MAX_NESTING parts is refused before parsing: tomllib's time
+#: and memory grow with the square of its length (100,000 parts: tens of GB). A part is a bare or quoted key;
+#: the patterns are possessive (no backtracking), so the search is linear in the file's length.
+_KEY_PART = r"""(?:[A-Za-z0-9_-]++|"(?:[^"\\\n]|\\.)*+"|'[^'\n]*+')"""
+_DOTTED_RUN = re.compile(rf"(?<![A-Za-z0-9_-]){_KEY_PART}(?:[ \t]*+\.[ \t]*+{_KEY_PART})*+")
+_KEY_DOT = re.compile(r"[ \t]*+\.[ \t]*+")
+_DOTTY_LINE = re.compile(rf"^(?:[^.\n]*+\.){{{MAX_NESTING}}}[^\n]*+", re.M)  # a line with that many dots
+
+
+def _long_dotted_key(text: str) -> int | None:
+    """The line of the first run of more than MAX_NESTING dot-separated key parts (a run inside a string
+    value counts too: no case or spec has one), or None."""
+    for line in _DOTTY_LINE.finditer(text):
+        for run in _DOTTED_RUN.finditer(line.group()):
+            key = run.group()
+            if key.count(".") >= MAX_NESTING and len(_KEY_DOT.findall(re.sub(_KEY_PART, "k", key))) >= MAX_NESTING:
+                return text.count("\n", 0, line.start()) + 1
+    return None
+
+
 def read_toml(path: str | Path) -> dict:
-    """A TOML file's tables; an unreadable file or malformed TOML is bad input naming the file."""
+    """A TOML file's tables; an unreadable file or malformed TOML is bad input naming the file, and so are
+    tables, arrays or dotted keys nested more than MAX_NESTING levels deep. A leading byte-order mark is
+    dropped (`read_user_text`)."""
     source = str(path)
     text = read_user_text(path, MAX_TOML_BYTES)
+    deep = f"malformed TOML: keys, tables or arrays nested more than {MAX_NESTING} levels deep"
+    line = _long_dotted_key(text)
+    if line is not None:
+        raise InputError(source, "", f"{deep} (a dotted key of more than {MAX_NESTING} parts, line {line})")
     try:
-        return tomllib.loads(text)
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise InputError(source, "", f"malformed TOML: {exc}") from None
+    except RecursionError:
+        raise InputError(source, "", deep) from None
+    if nesting_problem(data):
+        raise InputError(source, "", deep)
+    return data
 
 
 def load_cost_file(path: str | Path) -> CostModel:

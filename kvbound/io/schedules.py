@@ -5,12 +5,11 @@ schedule obeys the semantics is `kvbound.schedule.validate`'s question, not this
 """
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 from ..errors import InputError
-from ..fileio import read_user_text, write_json_atomic
+from ..fileio import read_user_json, repeated_keys, write_json_atomic
 from ..schedule import Batch, Schedule
 from ..workload import Request
 
@@ -19,11 +18,13 @@ def schedule_from_json(data, source: str = "<schedule>") -> Schedule:
     """A schedule from its JSON form (the object `Schedule.to_json` makes)."""
     if not isinstance(data, dict):
         raise InputError(source, "", "a schedule must be a JSON object")
+    repeated_keys(source, "", data)
     for key in data:
         if key not in ("requests", "batches"):
             raise InputError(source, key, "unknown key; allowed: requests, batches")
     requests = []
     for k, where, r in _json_objects(source, data, "requests"):
+        repeated_keys(source, where, r)
         if r.get("id", k) != k:
             raise InputError(source, f"{where}.id", f"must be {k} (ids are 0-based positions)")
         for key in ("prompt", "output"):
@@ -36,6 +37,7 @@ def schedule_from_json(data, source: str = "<schedule>") -> Schedule:
         requests.append(Request(r["prompt"], r["output"], float(a)))
     batches = []
     for _, where, b in _json_objects(source, data, "batches"):
+        repeated_keys(source, where, b)
         for key in b:
             if key not in ("start", "tokens", "evict"):
                 raise InputError(source, f"{where}.{key}", "unknown key; allowed: start, tokens, evict")
@@ -46,18 +48,26 @@ def schedule_from_json(data, source: str = "<schedule>") -> Schedule:
         tokens_raw = b.get("tokens", {})
         if not isinstance(tokens_raw, dict):
             raise InputError(source, f"{where}.tokens", "must be an object {\"<id>\": tokens}")
-        tokens = {}
+        repeated_keys(source, f"{where}.tokens", tokens_raw, "request id")  # {"1": 1, "1": 3}
+        tokens, named = {}, {}
         for key, c in tokens_raw.items():
             try:
                 i = int(key)
             except ValueError:
                 raise InputError(source, f"{where}.tokens", f"request id {key!r} is not an integer") from None
+            if i in named:  # "01" beside "1"
+                raise InputError(source, f"{where}.tokens", f"request id {i} given more than once "
+                                                            f"({named[i]!r} and {key!r})")
+            named[i] = key
             if not isinstance(c, int) or isinstance(c, bool):
                 raise InputError(source, f"{where}.tokens.{key}", f"must be an integer, got {c!r}")
             tokens[i] = c
         evict = b.get("evict", [])
         if not isinstance(evict, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in evict):
             raise InputError(source, f"{where}.evict", "must be a list of request ids")
+        if len(set(evict)) != len(evict):
+            twice = sorted({i for i in evict if evict.count(i) > 1})
+            raise InputError(source, f"{where}.evict", f"request id {', '.join(map(str, twice))} listed more than once")
         batches.append(Batch(tokens, tuple(evict), None if start is None else float(start)))
     return Schedule(tuple(requests), batches)
 
@@ -65,11 +75,7 @@ def schedule_from_json(data, source: str = "<schedule>") -> Schedule:
 def load_schedule(path: str | Path) -> Schedule:
     """Read a schedule JSON file; unreadable or malformed input is bad input naming the file."""
     path = Path(path)
-    try:
-        data = json.loads(read_user_text(path))
-    except json.JSONDecodeError as exc:
-        raise InputError(str(path), "", f"malformed JSON: {exc}") from None
-    return schedule_from_json(data, str(path))
+    return schedule_from_json(read_user_json(path), str(path))  # malformed or too deeply nested: bad input
 
 
 def dump_schedule(schedule: Schedule, path: str | Path) -> None:

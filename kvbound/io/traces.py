@@ -50,14 +50,19 @@ def _trace_time(source: str, row: int, col: str, text: str) -> float:
         return when.timestamp()
     if not math.isfinite(value):
         raise InputError(source, f"row {row}, column {col}", f"must be finite, got {text!r}")
+    if value < 0:  # seconds since the trace's start: never before it (a date may be any date)
+        raise InputError(source, f"row {row}, column {col}", f"must be >= 0, got {text.strip()}")
     return value
 
 
 def load_trace(path: str | Path, *, limit: int | None = None, offset: int = 0, time_scale: float = 1.0) -> list[Request]:
     """Requests from a Splitwise/Vidur, Azure LLM-inference or length-only CSV trace.
 
-    Arrivals are shifted so that the first selected request arrives at 0, then scaled
-    by `time_scale` (0 makes an offline workload).
+    The rows `offset .. offset + limit - 1` are selected in file order; their arrivals are shifted
+    so that the earliest selected one is 0 (not necessarily the first row's), then scaled by
+    `time_scale` (0 makes an offline workload). The requests are returned in arrival order (rows
+    with equal arrivals keep their file order). A negative arrival (in seconds) and a column the
+    formats read given twice are bad input.
     """
     path = Path(path)
     source = str(path)
@@ -77,6 +82,11 @@ def load_trace(path: str | Path, *, limit: int | None = None, offset: int = 0, t
         except UnicodeDecodeError as exc:
             raise InputError(source, "", f"cannot read trace: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
         header = [h.strip() for h in header]
+        read = {c for cols in _TRACE_FORMATS.values() for c in cols if c}
+        twice = sorted({h for h in header if h in read and header.count(h) > 1})
+        if twice:
+            raise InputError(source, "header", f"column {', '.join(twice)} appears more than once; which one "
+                                               "to read is ambiguous")
         for fmt, (t_col, p_col, o_col) in _TRACE_FORMATS.items():
             if p_col in header and o_col in header and (t_col is None or t_col in header):
                 break
@@ -108,5 +118,6 @@ def load_trace(path: str | Path, *, limit: int | None = None, offset: int = 0, t
             raise InputError(source, "", f"cannot read trace: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
     if not rows:
         raise InputError(source, "", "no requests selected from the trace")
-    t0 = rows[0][0]
-    return [Request(p, o, max(0.0, (t - t0) * time_scale)) for t, p, o in rows]
+    t0 = min(t for t, _, _ in rows)  # the earliest selected arrival, wherever its row is
+    rows.sort(key=lambda row: row[0])  # stable: equal arrivals keep their file order
+    return [Request(p, o, (t - t0) * time_scale) for t, p, o in rows]

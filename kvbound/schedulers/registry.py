@@ -144,6 +144,8 @@ def build(registry: dict[str, Scheduler], spec: str) -> Policy:
             key, eq, value = part.partition("=")
             if not eq:
                 raise _bad_option(spec, f"option {part!r} is not key=value")
+            if key.strip() in overrides:
+                raise _bad_option(spec, f"option {key.strip()} given more than once")
             overrides[key.strip()] = value.strip()
     entry = registry.get(name)
     if entry is None:
@@ -152,10 +154,14 @@ def build(registry: dict[str, Scheduler], spec: str) -> Policy:
                           + "; `kvbound schedulers` lists them")
     if overrides and not entry.options:
         raise _bad_option(spec, f"{name} takes no options")
-    values = {}
+    values, targets = {}, {}
     for key, value in overrides.items():
         if key not in entry.options:
             raise _bad_option(f"{spec}: {key}", f"unknown option; allowed: {', '.join(sorted(entry.options))}")
+        target = entry.options[key].target
+        if target in targets:  # an alias and the option it names
+            raise _bad_option(spec, f"{targets[target]} and {key} set the same option; give one")
+        targets[target] = key
         values[key] = _parse_value(spec, key, value, entry.options[key])
     try:
         return entry.build(spec if overrides else name, values)

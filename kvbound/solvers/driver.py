@@ -14,7 +14,7 @@ from ..backends import BACKENDS
 from ..bounds.base import Bound
 from ..constraints import Constraints
 from ..deadline import Deadline
-from ..errors import KvboundError
+from ..errors import InputError, KvboundError
 from ..formulation import FORMULATION_KINDS
 from ..interrupt import Stopped
 from ..schedulers import FAST_HEURISTICS
@@ -30,6 +30,9 @@ def solve_with(instance, options: SolveOptions, deadline: Deadline | None = None
     backend = _lookup(BACKENDS, options.backend, "solver")
     if options.formulation not in ("auto", SEARCH):
         _lookup(FORMULATION_KINDS, options.formulation, "formulation")
+    if options.export and options.formulation == SEARCH:
+        raise InputError("", "export", f"--formulation {SEARCH} builds no model to write; name a model "
+                                       f"({', '.join(FORMULATION_KINDS)}) or use auto")
     ledger = Ledger(instance, options, deadline)
     for phase in PLAN:
         if phase.applies(ledger):

@@ -83,7 +83,9 @@ class Ledger:
         self.route = None  # `route.Route`, once the heuristics have run
         self.model: ModelRun | None = None
         self.skipped: str | None = None
-        self.searched = False
+        self.impossible: str | None = None  # why the case alone shows that no schedule meets the constraints
+        self.exported: str | None = None  # where the model was written (`options.export`)
+        self.export_problem: str | None = None  # why it was not
 
     # ------------------------------------------------------------------ what bounds may read (`bounds.base.Known`)
 
@@ -169,7 +171,7 @@ class Ledger:
         best, route, model = self.best, self.route, self.model or ModelRun({})
         value = best.value if best is not None else None
         certified = route.certified if route is not None else True
-        if model.infeasible and certified and not self.discarded:
+        if self.impossible is not None or (model.infeasible and certified and not self.discarded):
             status = "infeasible"
         elif value is not None and certified and meets(value, self.lower):
             status = "optimal"
@@ -188,7 +190,7 @@ class Ledger:
         else:
             horizon, why, tick = route.J, route.why, route.tick
             info = model.info or {"variables": route.size}
-            formulation = "search" if self.searched else route.kind.name
+            formulation = "search" if route.way == "search" else route.kind.name
         stats = dict(self.stats)
         if route is None and value is None:
             stats["stopped"] = "before any schedule was found"
@@ -206,7 +208,9 @@ class Ledger:
             bound_discarded="; ".join(self.discarded) or None, model=info, tick=tick,
             constraints=tuple(self.constraints.describe()), formulation_requested=self.options.formulation,
             backend_stats=stats, trajectory=self.trajectory.points, bounds=list(self.rows.values()),
-            skipped=self.skipped)
+            skipped=self.skipped, exported=self.exported,
+            export_problem=(self.export_problem or "no model was built") if self.options.export and not self.exported
+            else None)
 
     def _message(self, status: str, value, gap, certified: bool) -> str:
         """One sentence for people: what was found and what is known about it."""
@@ -214,7 +218,7 @@ class Ledger:
         if status == "optimal":
             return f"optimal: {value:.9g} s, proven by a certified bound"
         if status == "infeasible":
-            return "infeasible: no schedule meets the constraints within the certified horizon"
+            return f"infeasible: {self.impossible or 'no schedule meets the constraints within the certified horizon'}"
         if value is None:
             if self.route is None:
                 return "stopped before any schedule was found; the bound is analytic"

@@ -9,14 +9,27 @@
 """
 from __future__ import annotations
 
+from .. import interrupt
 from ..constraints import Constraints
 from ..deadline import Deadline
+from ..interrupt import Stopped
 from ..schedulers import run_scheduler
 from .driver import solve_with
 from .options import SolveOptions
 from .result import Result
 
 _EPS = 1e-9
+
+
+def _s(value) -> str:
+    """A value in seconds for a sentence (none where there is none)."""
+    return "none" if value is None else f"{value:.6g} s"
+
+
+def _status(*results: Result) -> str:
+    """"interrupted" where any solve was (its evidence is what was known then), else "complete"."""
+    return "interrupted" if interrupt.requested() is not None or any(r.status == "interrupted" for r in results) \
+        else "complete"
 
 
 def _summary(res: Result) -> dict:
@@ -28,7 +41,15 @@ def _summary(res: Result) -> dict:
 
 def better_than(instance, scheduler: str, percent: float, options: SolveOptions, deadline: Deadline | None = None) -> dict:
     objective = options.objective
-    base = run_scheduler(instance, scheduler)
+    deadline = deadline if deadline is not None else Deadline(options.time_limit)
+    try:
+        with deadline.enforced():  # the reference simulation counts in the time limit
+            base = run_scheduler(instance, scheduler)
+    except Stopped as stop:
+        return {"hypothesis": f"a schedule {percent:g}% better than {scheduler}'s exists", "verdict": "unknown",
+                "reason": f"{stop.reason} before {scheduler}'s schedule was simulated",
+                "evidence": {"reference": {"scheduler": scheduler, "objective": None}},
+                "status": "interrupted" if interrupt.requested() is not None else "complete"}
     reference = objective.of(base.replay.metrics)
     target = reference * (1 - percent / 100.0)
     strict = percent <= 0  # "better by 0%" means strictly better
@@ -44,11 +65,11 @@ def better_than(instance, scheduler: str, percent: float, options: SolveOptions,
         reason = f"certified lower bound {res.lower_bound:.6g} s {'>=' if strict else '>'} target {target:.6g} s"
     else:
         verdict = "unknown"
-        reason = (f"best schedule {res.objective:.6g} s and lower bound {res.lower_bound:.6g} s "
+        reason = (f"best schedule {_s(res.objective)} and lower bound {_s(res.lower_bound)} "
                   f"({'certified' if res.bound_certified else 'conditional'}) leave the target {target:.6g} s open")
     return {"hypothesis": hyp, "verdict": verdict, "reason": reason,
             "evidence": {"reference": {"scheduler": scheduler, "objective": reference}, "target": target,
-                         "optimum": _summary(res)}}
+                         "optimum": _summary(res)}, "status": _status(res)}
 
 
 def compare_sets(instance, name_a: str, set_a: Constraints, name_b: str, set_b: Constraints, options: SolveOptions,
@@ -72,4 +93,4 @@ def compare_sets(instance, name_a: str, set_a: Constraints, name_b: str, set_b: 
         verdict = "unknown"
         reason = "the best schedules and bounds of the two sets overlap at the time limit"
     return {"hypothesis": hyp, "verdict": verdict, "reason": reason,
-            "evidence": {name_a: _summary(ra), name_b: _summary(rb)}}
+            "evidence": {name_a: _summary(ra), name_b: _summary(rb)}, "status": _status(ra, rb)}

@@ -48,6 +48,8 @@ class Result:
     trajectory: list = field(default_factory=list)  # {"seconds", "best", "bound"} at each improvement
     bounds: list[Bound] = field(default_factory=list)  # every bound computed, certified or not, by name
     skipped: str | None = None  # why no model was solved where one could have been
+    exported: str | None = None  # the file the model was written to (`--export`)
+    export_problem: str | None = None  # why the model asked for was not written
 
     @property
     def success(self) -> bool:
@@ -87,6 +89,8 @@ class Result:
             "stats": self.stats,
             "trajectory": self.trajectory,
             "bounds": [b.to_json() for b in self.bounds],
+            "exported": self.exported,
+            "export_problem": self.export_problem,
         }
 
 

@@ -3,9 +3,23 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ...fileio import write_atomic
+from ...fileio import write_user_file
 from ..plot import plot_sweep, series_order
 from .spec import GRID_KEYS
+
+
+#: the files a sweep writes in its folder besides the plots (`plot_name`)
+RESULTS, SUMMARY = "results.csv", "summary.md"
+
+
+def plot_name(k: int, plot) -> str:
+    """The file name of the spec's k-th (0-based) [[plot]] in the sweep's folder."""
+    return f"plot_{k + 1}_{plot.objective}_vs_{plot.x}.png"
+
+
+def written_files(spec, out_dir: Path) -> list[Path]:
+    """Every file a sweep of `spec` may write in `out_dir`."""
+    return [out_dir / RESULTS, out_dir / SUMMARY] + [out_dir / plot_name(k, p) for k, p in enumerate(spec.plots)]
 
 
 def write_report(result) -> list[Path]:
@@ -24,7 +38,7 @@ def write_report(result) -> list[Path]:
         if not rows:
             continue
         facets = [g for g in GRID_KEYS if g != plot.x and len(spec.grid.get(g, ())) > 1]
-        name = f"plot_{k + 1}_{plot.objective}_vs_{plot.x}.png"
+        name = plot_name(k, plot)
         plot_sweep(rows, plot, facets, out_dir / name,
                    title=plot.title or f"{spec.name}: {plot.objective.replace('_', ' ')} objective")
         paths.append(out_dir / name)
@@ -38,7 +52,7 @@ def write_report(result) -> list[Path]:
         result.verdicts = check_claims(spec.claims, result.rows)
         varying = [g for g in GRID_KEYS if len(spec.grid.get(g, ())) > 1]
         lines[2:2] = ["## Claims", "", claims_markdown(result.verdicts, varying), ""]
-    write_atomic(out_dir / "summary.md", "\n".join(lines))
+    write_user_file(out_dir / SUMMARY, "\n".join(lines))  # a full disk: one error line
     return paths
 
 

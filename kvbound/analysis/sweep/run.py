@@ -77,6 +77,7 @@ class SweepResult:
     seconds: float
     plots: list[Path] = field(default_factory=list)
     verdicts: list = field(default_factory=list)  # claims.ClaimVerdict per [[claim]] of the spec (set by the report)
+    interrupted: bool = False  # cut short by Ctrl-C or SIGTERM: `ran` counts the points finished before it
 
 
 def run_sweep(spec: SweepSpec, out_dir: str | Path, *, backend: str = "local", workers: int | None = None,
@@ -101,20 +102,29 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path, *, backend: str = "local", w
     done = table.done
     todo = [p for p in points if p.key not in done]
     runner = _run_ray(todo, workers, address) if backend == "ray" else _run_local(todo, workers)
+    ran, interrupted = 0, False
     with tqdm(total=len(points), initial=len(points) - len(todo), unit="point", desc=spec.name,
               disable=not progress if progress is not None else None) as bar:
-        for rows in runner:
-            with interrupt.deferred():  # a point's rows are written whole
-                table.append(rows)
-            bar.update()
-    by_key: dict[str, list[dict]] = {}
-    for r in table.rows:
-        by_key.setdefault(r["point"], []).append(r)
-    rows = [_typed(r) for p in points for r in by_key.get(p.key, [])]
-    result = SweepResult(spec, out_dir, rows, len(todo), len(points) - len(todo), time.perf_counter() - t0)
-    if plots:
-        result.plots = write_report(result)
-    return result
+        try:
+            for rows in runner:
+                with interrupt.deferred():  # a point's rows are written whole
+                    table.append(rows)
+                ran += 1
+                bar.update()
+        except Stopped:  # an interrupt: the points finished are reported (a re-run does the rest)
+            if interrupt.requested() is None:
+                raise
+            interrupted = True
+    with interrupt.deferred():  # what is finished is reported, whatever comes now
+        by_key: dict[str, list[dict]] = {}
+        for r in table.rows:
+            by_key.setdefault(r["point"], []).append(r)
+        rows = [_typed(r) for p in points for r in by_key.get(p.key, [])]
+        result = SweepResult(spec, out_dir, rows, ran, len(points) - len(todo), time.perf_counter() - t0,
+                             interrupted=interrupted)
+        if plots:
+            result.plots = write_report(result)
+        return result
 
 
 def _run_local(points: list[Point], workers: int | None):

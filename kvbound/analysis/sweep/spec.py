@@ -35,6 +35,10 @@ CLAIM_KEYS = {"text", "metric", "better", "than", "by", "higher", "where"}
 PLOT_KEYS = {"x", "y", "objective", "schedulers", "logx", "logy", "title"}
 #: the parameter columns of a point's result rows
 PARAM_COLUMNS = ("case",) + GRID_KEYS[1:] + ("objective",)
+#: a sweep has at most this many points (grid combinations x objectives), checked before any is made
+MAX_POINTS = 100_000
+#: ... and its points at most this many requests in all (each point holds its case in memory)
+MAX_SWEEP_REQUESTS = 10 ** 7
 #: run.time_limit, seconds per solve, when the spec names none (sweeps run many points: shorter than `kvbound solve`'s)
 DEFAULT_TIME_LIMIT = 10.0
 
@@ -87,11 +91,18 @@ class SweepSpec:
         """Every (case, objective) point, in grid order."""
         keys = [k for k in GRID_KEYS if k in self.grid]
         cases: dict[str, Instance] = {}  # each case file is read once, whatever else varies
+        for case in self.grid.get("case", []):
+            cases.setdefault(case, load_case(case))
+        requests = 0  # first only counted: a grid too large is refused before any of its cases is made
+        for combo in itertools.product(*(self.grid[k] for k in keys)):
+            values = dict(zip(keys, combo))
+            requests += self._requests(values, cases.get(values.get("case"))) * len(self.objectives)
+            if requests > MAX_SWEEP_REQUESTS:
+                raise InputError(self.source, "grid", f"the points hold more than {MAX_SWEEP_REQUESTS:,} requests in "
+                                                      "all; split the sweep or make its cases smaller")
         out = []
         for combo in itertools.product(*(self.grid[k] for k in keys)):
             values = dict(zip(keys, combo))
-            if "case" in values and values["case"] not in cases:
-                cases[values["case"]] = load_case(values["case"])
             params, instance = self._instance(values, cases.get(values.get("case")))
             for objective in self.objectives:
                 run = {"objective": objective, "schedulers": self.schedulers, "solve": self.solve}
@@ -143,6 +154,15 @@ class SweepSpec:
             return params, Instance(tuple(requests), SystemConfig(**system), cost, name, source=f"{self.source}: {name}")
         except InputError as exc:  # e.g. a grid point whose M cannot hold a request
             raise InputError(self.source, "grid", f"point {_describe(params)}: {exc.field}: {exc.problem}") from None
+
+    def _requests(self, values: dict, base: Instance | None) -> int:
+        """How many requests the case of one grid combination has (without making it)."""
+        if base is not None:
+            return len(base)
+        names: dict[str, float] = {}
+        for key in ("prompt", "output", "requests"):
+            names[SYMBOLS[key]] = self._value(key, values[key], names)
+        return int(names["N"])
 
     def _value(self, key: str, value, names: dict) -> int:
         if isinstance(value, str):
@@ -254,6 +274,11 @@ def parse_spec(data: dict, source: str = "<spec>", base_dir: Path = Path(".")) -
     formulation = run.get("formulation", SolveOptions.formulation)
     if formulation not in FORMULATIONS:
         raise InputError(source, "run.formulation", f"unknown formulation {formulation!r}; choose from {', '.join(FORMULATIONS)}")
+    points = math.prod(len(values) for values in grid.values()) * len(objectives)
+    if points > MAX_POINTS:
+        sizes = " x ".join(f"{len(v)} {k}" for k, v in grid.items() if len(v) > 1) or "1"
+        raise InputError(source, "grid", f"{points:,} points ({sizes} x {len(objectives)} objectives); a sweep "
+                                         f"has at most {MAX_POINTS:,}: split it into smaller sweeps")
     slo = run.get("slo")
     if slo is not None:
         from ...schedule import Slo

@@ -9,13 +9,14 @@ in it.
 from __future__ import annotations
 
 import csv
+import errno
 import io
 import os
 from collections.abc import Callable, Hashable
 from pathlib import Path
 
 from ...errors import InputError
-from ...fileio import write_atomic
+from ...fileio import read_user_text, write_user_file
 
 
 class ResultsTable:
@@ -41,7 +42,7 @@ class ResultsTable:
         return {self.key(r) for r in self.rows}
 
     def _load(self) -> None:
-        text = self.path.read_text(encoding="utf-8")
+        text = read_user_text(self.path)  # unreadable or not UTF-8: bad input naming the file
         reader = csv.DictReader(io.StringIO(text))
         if reader.fieldnames is not None and tuple(reader.fieldnames) != self.columns:
             raise InputError(str(self.path), "header", "not a results table of this kvbound version "
@@ -54,7 +55,7 @@ class ResultsTable:
         self.rows = [r for r in rows if self.key(r) not in bad]
         self.dropped = len(rows) - len(self.rows)
         if self.dropped or torn:  # rewrite without the partial point
-            write_atomic(self.path, self._csv_text(self.rows, header=True))
+            write_user_file(self.path, self._csv_text(self.rows, header=True))
 
     def _short_points(self, rows: list[dict]) -> set:
         if self.count_column is None:
@@ -66,13 +67,27 @@ class ResultsTable:
                 if not (r[self.count_column] or "").isdigit() or counts[self.key(r)] != int(r[self.count_column])}
 
     def append(self, rows: list[dict]) -> None:
-        """The rows of one point, in one write."""
+        """The rows of one point, in one write. A write that fails (a full disk) or is cut short leaves the
+        file as it was (the point is not recorded, a re-run redoes it) and is bad input naming the file."""
         new = not self.path.exists() or self.path.stat().st_size == 0
         data = self._csv_text(rows, header=new).encode("utf-8")
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
-            os.write(fd, data)  # one write: a killed process leaves whole points, at most a torn last line
-            os.fsync(fd)
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise InputError(str(self.path), "", f"cannot write: {exc.strerror or exc}") from None
+        try:
+            size = os.fstat(fd).st_size
+            try:
+                written = os.write(fd, data)  # one write: a killed process leaves whole points, at most a torn line
+                if written != len(data):
+                    raise OSError(errno.EIO, f"only {written} of {len(data)} bytes written (is the disk full?)")
+                os.fsync(fd)
+            except OSError as exc:
+                try:
+                    os.ftruncate(fd, size)  # the points before stay whole; none is half-written
+                except OSError:
+                    pass  # the next load drops a torn last point anyway
+                raise InputError(str(self.path), "", f"cannot write: {exc.strerror or exc}") from None
         finally:
             os.close(fd)
         self.rows.extend({k: _cell(row.get(k)) for k in self.columns} for row in rows)

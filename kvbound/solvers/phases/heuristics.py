@@ -2,7 +2,10 @@
 ledger; and the route the solve takes from there."""
 from __future__ import annotations
 
+import math
+
 from ... import interrupt, progress
+from ...bounds.base import Bound
 from ...deadline import Deadline
 from ...errors import SchedulerRefused, SchedulerStuck
 from ...interrupt import Stopped
@@ -18,9 +21,10 @@ HEURISTIC_SHARE = 0.5
 
 class Heuristics:
     """The heuristics of `options.warm_start`, each while time is left (one cut short by the deadline or
-    an interrupt is left out), then the serial schedule: valid under every constraint, it still gets
-    the whole time limit if nothing else was made by then, as a model needs a schedule to derive its
-    horizon from."""
+    an interrupt is left out), then the serial schedule: valid under every constraint. They share
+    HEURISTIC_SHARE of the time, but until one has made a schedule each may take the whole time limit
+    (a solve returns a schedule whenever one of them can make it in time), as a model needs a schedule
+    to derive its horizon from."""
 
     name = "heuristics"
 
@@ -33,7 +37,7 @@ class Heuristics:
         deadline = ledger.deadline.share(HEURISTIC_SHARE)
         try:
             for name in ledger.options.warm_start or ():
-                with deadline.enforced():
+                with (deadline if ledger.seeds else ledger.deadline).enforced():
                     try:
                         result = run_scheduler(instance, name)
                     except (SchedulerRefused, SchedulerStuck):
@@ -74,6 +78,11 @@ class ChooseRoute:
 
     def run(self, ledger) -> None:
         upper = ledger.upper
+        if upper is None:
+            ledger.impossible = ledger.constraints.impossible(ledger.instance)
+            if ledger.impossible is not None:  # proven infeasible: nothing to route
+                ledger.certify(Bound("the constraints", math.inf, note=ledger.impossible))
+                return
         ledger.route = chosen = route(ledger.instance, ledger.options, self.backends[ledger.options.backend],
                                       upper.schedule if upper else None, upper.value if upper else None)
         if ledger.done() and ledger.proven:

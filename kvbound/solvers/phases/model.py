@@ -28,6 +28,7 @@ class Model:
         row = f"MILP dual bound ({backend.name}, {chosen.kind.name})"
         if ledger.skipped:  # the heuristics proved the optimum, or no model could be built here
             ledger.certify(Bound(row, -math.inf, certified=chosen.certified, note=f"not run: {ledger.skipped}"))
+            ledger.export_problem = f"no model was built: {ledger.skipped}"
             return
         form, began = None, time.perf_counter()
         try:
@@ -37,7 +38,9 @@ class Model:
                 arrays = form.model.finalize()
             run.build_seconds, run.info = time.perf_counter() - began, form.info
             if options.export:
-                export_model(arrays, form, options.export)
+                with deadline.enforced():  # PuLP writes large models slowly: the deadline cuts it too
+                    export_model(arrays, form, options.export)
+                ledger.exported = options.export
             warm_x, start = None, ledger.upper
             if start is not None and options.warm_start and ledger.constraints.within_cap(start.value):
                 warm_x, run.warm_start = form.warm_start(start.schedule), start.name
@@ -52,6 +55,8 @@ class Model:
                 run.build_seconds = time.perf_counter() - began
             ledger.stats["stopped"] = f"{stop.reason} before the solver ran"
             ledger.certify(Bound(row, -math.inf, certified=chosen.certified, note=ledger.stats["stopped"]))
+            if ledger.exported is None:
+                ledger.export_problem = f"{stop.reason} while {'writing' if form is not None else 'building'} the model"
             return
         run.backend_seconds, run.backend_status, run.warm_start_accepted = out.seconds, out.status, out.warm_start_accepted
         ledger.stats.update(out.stats)

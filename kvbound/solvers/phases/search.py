@@ -31,10 +31,18 @@ class Search:
         self.steps = steps  # one-shot phases run before the race, in order
 
     def applies(self, ledger) -> bool:
-        return ledger.route is not None and ledger.route.way == "search" and not ledger.done()
+        """Where no model is solved, and after a model that ended with time left and neither a proof of
+        infeasibility nor the optimum of a model that holds one (a certified horizon): a solve that is
+        not proven keeps improving until its limit. (An objective cap or skip_proven=False can leave a
+        solved model unproven by the ledger's rule; the model's own proof then ends the solve.)"""
+        route, run = ledger.route, ledger.model
+        if route is None or ledger.best is None or ledger.done() or ledger.proven:
+            return False
+        if route.way != "model":
+            return True
+        return run is not None and not run.infeasible and not (run.backend_status == "optimal" and route.certified)
 
     def run(self, ledger) -> None:
-        ledger.searched = True
         progress.report(phase=self.name)
         began, deadline = time.perf_counter(), ledger.deadline
         seeds = search_seeds(ledger)
@@ -87,7 +95,8 @@ class Search:
         note = "every multiplier gives a bound" if found else race.note
         row = ledger.certify(Bound(RACE_ROW, race.best, sum(m.seconds for m in race.all), certified=found,
                                    note=f"{race.leader} variant, {race.passes} passes: {note}" if found else note))
-        how = ledger.route.why_not + ("packing, " if "packing" in ledger.stats else "")
+        how = ledger.route.why_not if ledger.route.way == "search" else "after the model, in the time it left: "
+        how += "packing, " if "packing" in ledger.stats else ""
         ledger.stats.update({
             "search": how + "Lagrangian bound and admission-pattern search",
             "lagrangian_passes": race.passes, "patterns_tried": patterns.tried, "patterns_simulated": patterns.simulated,
