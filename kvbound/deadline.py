@@ -69,16 +69,21 @@ class Deadline:
         outer_at = time.monotonic() + previous_delay if previous_delay > 0 else math.inf
         try:
             with interrupt.raising():
-                signal.setitimer(signal.ITIMER_REAL, max(1e-3, min(self.at, outer_at) - time.monotonic()))
+                signal.setitimer(signal.ITIMER_REAL, max(1e-3, min(self.at, outer_at) - time.monotonic()), ALARM_REPEAT)
                 yield
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, previous_handler)
             if math.isfinite(outer_at):  # an enclosing region's alarm goes on
-                signal.setitimer(signal.ITIMER_REAL, max(1e-3, outer_at - time.monotonic()))
+                signal.setitimer(signal.ITIMER_REAL, max(1e-3, outer_at - time.monotonic()), ALARM_REPEAT)
 
     def __repr__(self) -> str:
         return f"Deadline(remaining={self.remaining():.3f} s of {self.limit:g} s)"
+
+
+#: seconds between alarms once the deadline has passed: a `Stopped` raised where Python swallows
+#: exceptions (a garbage-collector callback, a __del__) is raised again instead of lost
+ALARM_REPEAT = 0.2
 
 
 def _alarm(signum, frame) -> None:

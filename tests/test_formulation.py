@@ -556,3 +556,13 @@ def test_one_machine_bound_counts_the_backlog_of_a_burst():
     assert machine <= brute_force(inst, Objective.MEAN_LATENCY).value == pytest.approx(4.25)
     offline = Instance(tuple(Request(r.prompt, r.output) for r in reqs), inst.system, inst.cost)
     assert not any(b.name.startswith("one machine") for b in analytic_bounds(offline, Objective.MEAN_LATENCY))
+
+
+def test_a_first_token_prefix_the_greedy_completion_cannot_finish_is_finished_one_at_a_time():
+    # found by test_warm_start_of_heuristic_schedules: after larry's first tokens under no_chunk both long
+    # requests hold M; the greedy completion decoded the one that could still be refilled past P (S = 7 > 6)
+    # and then could evict neither, so extract gave no schedule. Evicting it while it can be refilled works
+    inst = Instance((Request(5, 3), Request(5, 3), Request(1, 1)), SystemConfig(12, 6, 6, 2),
+                    CostModel(1.0, 0.1, 0.01, 0.001))
+    cons = Constraints(no_chunk=True)
+    check_warm_start(inst, run_scheduler(inst, "larry").schedule, Objective.MEAN_TTFT, cons)

@@ -621,3 +621,28 @@ def test_a_schedule_that_meets_the_analytic_bound_is_returned_without_a_model():
     assert forced.status == "optimal" and "skipped" not in forced.backend_stats and forced.build_seconds > 0
     # a case a heuristic does not prove still builds its model
     assert "skipped" not in solve(FIG15_O2, Objective.MEAN_LATENCY, "highs", 30).backend_stats
+
+
+@pytest.mark.parametrize("busy_checks", [3, math.inf])
+def test_highs_waits_for_an_abandoned_solve_in_the_same_process(monkeypatch, busy_checks):
+    # highspy allows one solve per process at a time: after a solve kvbound had to abandon (it did not
+    # stop when asked), the next one raised HighsError("Solver is already running.") in a notebook, a
+    # sweep's worker or a bound's many pricings. It now waits for it, within its own deadline
+    import highspy
+
+    checks = {"n": 0}
+    real = highspy.Highs.is_solver_running
+
+    def running(self):
+        checks["n"] += 1
+        return True if checks["n"] <= busy_checks else real(self)
+
+    monkeypatch.setattr(highspy.Highs, "is_solver_running", running)
+    arrays = build_bigm(UNIT_PAIR, Objective.TOTAL_LATENCY, 6).model.finalize()
+    t0 = time.monotonic()
+    out = solve_highs(arrays, Deadline(1.0), None)
+    if busy_checks == math.inf:
+        assert out.status == "unknown" and out.x is None and out.bound == -math.inf
+        assert "abandoned, was still running" in out.stats["abandoned"] and time.monotonic() - t0 < 3
+    else:
+        assert out.status == "optimal" and out.objective == pytest.approx(brute_force(UNIT_PAIR).value)

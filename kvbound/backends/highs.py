@@ -70,8 +70,8 @@ def solve_highs(arrays: ModelArrays, deadline: Deadline, warm: np.ndarray | None
     if abandoned is not None:  # HiGHS did not stop in time: only the bound its callbacks reported
         bound = abandoned.get("bound", -math.inf)
         bound = bound if bound is not None and math.isfinite(bound) and not relax else -math.inf
-        return BackendOutcome("unknown", None, None, bound, seconds, None, {
-            "model_status": "ABANDONED", "abandoned": f"HiGHS did not stop within {interrupt.STOP_GRACE:g} s of being asked"})
+        why = abandoned.get("busy") or f"HiGHS did not stop within {interrupt.STOP_GRACE:g} s of being asked"
+        return BackendOutcome("unknown", None, None, bound, seconds, None, {"model_status": "ABANDONED", "abandoned": why})
     ms = h.getModelStatus()
     info = h.getInfo()
     MS = highspy.HighsModelStatus
@@ -158,6 +158,12 @@ def _run_highs(h, deadline: Deadline, verbose: bool) -> dict | None:
     if verbose:
         h.setOptionValue("log_to_console", False)
         h.cbLogging.subscribe(lambda event: sys.stderr.write(event.message))
+    # highspy runs one solve per process at a time (its lock is the class's): a solve abandoned
+    # earlier in this process (a notebook, a sweep's worker, a bound's pricings) may still be running
+    while h.is_solver_running():
+        if interrupt.requested() is not None or hard.expired():
+            return {"busy": "an earlier HiGHS solve in this process, abandoned, was still running"}
+        time.sleep(0.05)
     thread = h.startSolve()
     give_up = math.inf
     with interrupt.deferred():

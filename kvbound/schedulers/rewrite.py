@@ -62,7 +62,7 @@ def complete_schedule(instance: Instance, batches: list[Batch], constraints: Con
     serves the unfinished requests with the least work left first while C, P, M and the batch-size
     cap allow (decode-only or prefill-only batches under no_hybrid; whole prefills under no_chunk);
     when nothing fits, all but one request are evicted (if allowed and, under no_chunk, refillable in one
-    chunk; else None). Used after models
+    chunk; else it completes one request at a time, `_one_at_a_time`, or gives None). Used after models
     that stop at the first tokens, whose objective the completion does not change."""
     st = ReplayState(instance)
     for bt in batches:
@@ -107,8 +107,40 @@ def complete_schedule(instance: Instance, batches: list[Batch], constraints: Con
             keep = next((i for i in order if st.m[i] > 0 and i not in refillable), order[0])
             victims = tuple(i for i in refillable if i != keep and st.m[i] > 0)
             if constraints.no_evict or not victims:
-                return None
+                return _one_at_a_time(instance, batches, constraints)
             bt = Batch({}, victims, None)
         st.apply(bt)
         out.append(bt)
+    return Schedule(instance.requests, out)
+
+
+def _one_at_a_time(instance: Instance, batches: list[Batch], constraints: Constraints) -> Schedule | None:
+    """`batches` completed one request at a time, where the greedy completion got stuck: requests that
+    can be refilled (under no_chunk: in one chunk of at most P) are evicted at once, before they grow
+    past that, and each request then runs alone to its end (refilled in one chunk under no_chunk);
+    None where even that does not fit (requests kept resident that cannot grow side by side) or
+    eviction is forbidden."""
+    if constraints.no_evict:
+        return None
+    st = ReplayState(instance)
+    for bt in batches:
+        st.apply(bt)
+    s, P = instance.system, instance.system.max_prefill_tokens
+    refillable = [i for i in range(len(instance)) if not st.finished[i] and st.m[i] > 0
+                  and (not constraints.no_chunk or st.prompt[i] + st.n[i] <= min(P, s.max_batch_tokens))]
+    out = list(batches)
+    if refillable:
+        out.append(Batch({}, tuple(refillable), None))
+        st.apply(out[-1])
+    order = sorted((i for i in range(len(instance)) if not st.finished[i]), key=lambda i: (st.m[i] == 0, i))
+    for i in order:  # the resident ones first: they hold KV the others need
+        while not st.finished[i]:
+            S = st.prompt[i] + st.n[i]
+            c = 1 if is_decode_type(st.n[i], S - st.m[i]) else min(S - st.m[i], s.max_batch_tokens, P)
+            if constraints.no_chunk and c < S - st.m[i]:
+                return None
+            if st.kv_used + s.blocks(st.m[i] + c) - s.blocks(st.m[i]) > s.kv_capacity:
+                return None
+            out.append(Batch({i: c}, (), None))
+            st.apply(out[-1])
     return Schedule(instance.requests, out)
