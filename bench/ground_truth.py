@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import importlib.util
 import json
 import multiprocessing as mp
 import os
@@ -214,9 +215,17 @@ def _selected(only: str | None):
 
 # ----------------------------------------------------------------------------------------- exact
 
+def load_module(name: str, path: Path):
+    """A module from its file (the oracle is test code, this script is no package): sys.path untouched."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
 def _oracle_child(path: str, objective: str, queue, k: int | None = None, with_schedule: bool = False) -> None:
-    sys.path.insert(0, str(ROOT / "tests"))
-    from oracle import brute_force
+    brute_force = load_module("kvbound_tests_oracle", ROOT / "tests" / "oracle.py").brute_force
     from kvbound import load_case, validate
     from kvbound.objective import Objective
     inst = load_case(path) if k is None else prefix(load_case(path), k)

@@ -14,6 +14,7 @@ limits) into bench/results/ground_truth.json. These tests keep that set honest, 
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import sys
@@ -26,15 +27,16 @@ from kvbound.bounds.analytic import analytic_bounds
 from kvbound.io.schedules import schedule_from_json
 from kvbound.objective import Objective
 from kvbound.solvers import solve
+from tests.oracle import brute_force
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "ground_truth.json"
 REL = 1e-6
 
-sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT / "tests"))
-import ground_truth as gt  # noqa: E402
-from oracle import brute_force  # noqa: E402
+_spec = importlib.util.spec_from_file_location("ground_truth", ROOT / "bench" / "ground_truth.py")
+gt = importlib.util.module_from_spec(_spec)
+sys.modules["ground_truth"] = gt  # dataclasses look their module up there
+_spec.loader.exec_module(gt)
 
 
 def _stored():

@@ -54,16 +54,17 @@ def _signal_and_wait(proc, sig, after: float):
 def _gone(pids, within: float = 3.0) -> list[int]:
     end = time.monotonic() + within
     while time.monotonic() < end:
-        alive = [p for p in pids if os.path.exists(f"/proc/{p}") and "zombie" not in _state(p)]
+        alive = [p for p in pids if os.path.exists(f"/proc/{p}") and "zombie" not in _proc(p, "status").lower()]
         if not alive:
             return []
         time.sleep(0.1)
     return alive
 
 
-def _state(pid: int) -> str:
+def _proc(pid: int, name: str) -> str:
+    """/proc/PID/NAME, stripped ("" once the process is gone)."""
     try:
-        return open(f"/proc/{pid}/status").read().lower()
+        return open(f"/proc/{pid}/{name}").read().strip()
     except OSError:
         return ""
 
@@ -316,29 +317,22 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
-def _comm(pid: int) -> str:
-    try:
-        return open(f"/proc/{pid}/comm").read().strip()
-    except OSError:
-        return ""
-
-
 @pytest.mark.parametrize("solver,child", [("cbc", "cbc"), ("cpsat", "python")])
 def test_sigkill_leaves_no_solver_and_no_temporary_folder(tmp_path, solver, child):
     # issue 34: a SIGKILLed `solve --solver cbc` left cbc running for ~35 s and its 36 MB folder in
     # TMPDIR. Children die with kvbound (parent-death signal) and a watcher removes the folder
     proc, tmp = _start(["solve", FIG15_I256, "--solver", solver, "--time-limit", "60", "--json"], tmp_path)
     end = time.monotonic() + 60
-    while time.monotonic() < end and not any(_comm(k).startswith(child) for k in _descendants(proc.pid)):
+    while time.monotonic() < end and not any(_proc(k, "comm").startswith(child) for k in _descendants(proc.pid)):
         assert proc.poll() is None, proc.communicate()
         time.sleep(0.05)
     time.sleep(1.0)  # the solver runs
     kids = _descendants(proc.pid)
-    assert any(_comm(k).startswith(child) for k in kids), [_comm(k) for k in kids]
+    assert any(_proc(k, "comm").startswith(child) for k in kids), [_proc(k, "comm") for k in kids]
     proc.kill()
     proc.communicate(timeout=30)
     left = _gone(kids, within=5.0)
-    assert not left, f"{solver}: {[_comm(k) for k in left]} left running"
+    assert not left, f"{solver}: {[_proc(k, 'comm') for k in left]} left running"
     end = time.monotonic() + 5
     while os.listdir(tmp) and time.monotonic() < end:
         time.sleep(0.1)
@@ -348,7 +342,7 @@ def test_sigkill_leaves_no_solver_and_no_temporary_folder(tmp_path, solver, chil
 def test_second_ctrl_c_kills_a_running_cbc_at_once(tmp_path):
     proc, tmp = _start(["solve", FIG15_I256, "--solver", "cbc", "--time-limit", "60", "--json"], tmp_path)
     end = time.monotonic() + 60
-    while time.monotonic() < end and not any(_comm(k) == "cbc" for k in _descendants(proc.pid)):
+    while time.monotonic() < end and not any(_proc(k, "comm") == "cbc" for k in _descendants(proc.pid)):
         time.sleep(0.05)
     kids = _descendants(proc.pid)
     proc.send_signal(signal.SIGINT)
