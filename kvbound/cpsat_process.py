@@ -66,7 +66,8 @@ def run_cpsat_process(solve_here: Callable, payload, deadline: Deadline, *, grac
                 send.close()
                 stop_receive.close()
             while message is None or message[0] not in ("done", "error"):
-                if interrupt.requested() is not None and kill_at > time.monotonic() + interrupt.STOP_GRACE * solving:
+                stopping = interrupt.requested() is not None or deadline.called_off()
+                if stopping and kill_at > time.monotonic() + interrupt.STOP_GRACE * solving:
                     # a child that is solving gets STOP_GRACE to hand back its answer; one still starting has none
                     kill_at = time.monotonic() + interrupt.STOP_GRACE * solving
                     with contextlib.suppress(OSError):
@@ -75,6 +76,7 @@ def run_cpsat_process(solve_here: Callable, payload, deadline: Deadline, *, grac
                 if wait <= 0:
                     child.kill()
                     why = ("stopped by an interrupt" if interrupt.requested() is not None
+                           else "stopped: another solver settled the race" if deadline.called_off()
                            else f"CP-SAT did not return {max(0.0, time.monotonic() - deadline.at):.1f} s after its deadline")
                     return CpsatAnswer(None, best, time.monotonic() - began, why)
                 try:
@@ -83,9 +85,10 @@ def run_cpsat_process(solve_here: Callable, payload, deadline: Deadline, *, grac
                     interrupt.request()
                     continue
                 except RuntimeError:  # the child ended without an answer
-                    if interrupt.requested() is None:
+                    if interrupt.requested() is None and not deadline.called_off():
                         raise
-                    return CpsatAnswer(None, best, time.monotonic() - began, "stopped by an interrupt")
+                    return CpsatAnswer(None, best, time.monotonic() - began, "stopped by an interrupt" if
+                                       interrupt.requested() is not None else "stopped: another solver settled the race")
                 solving = solving or message is not None
                 if message is not None and message[0] == "incumbent":
                     best = message
@@ -93,7 +96,7 @@ def run_cpsat_process(solve_here: Callable, payload, deadline: Deadline, *, grac
                         on_incumbent(message)
         finally:
             if child.pid is not None:  # started
-                child.join(timeout=interrupt.STOP_GRACE if interrupt.requested() is not None else 5)
+                child.join(timeout=interrupt.STOP_GRACE if interrupt.requested() is not None or deadline.called_off() else 5)
                 if child.is_alive():
                     child.kill()
                     child.join(timeout=5)

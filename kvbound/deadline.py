@@ -1,7 +1,8 @@
 """One deadline per command: made at the edge from `--time-limit`, asked by every phase for the time left.
 
 An interrupt (kvbound.interrupt: Ctrl-C, SIGTERM) ends every deadline at once: `remaining()` is 0
-from then on, so each phase that asks stops, and the backends stop their solvers.
+from then on, so each phase that asks stops, and the backends stop their solvers. A deadline made
+`until(event)` also ends when the event is set: the solvers of a race stop when another has won.
 """
 from __future__ import annotations
 
@@ -25,30 +26,43 @@ class Deadline:
         self.started = clock()
         self.limit = math.inf if seconds is None else float(seconds)
         self.at = self.started + self.limit
+        self._off: threading.Event | None = None  # set: called off before its time (`until`)
 
     def remaining(self) -> float:
-        """Seconds left (0 once passed or interrupted; inf without a limit)."""
-        if interrupt.requested() is not None:
+        """Seconds left (0 once passed, interrupted or called off; inf without a limit)."""
+        if interrupt.requested() is not None or self.called_off():
             return 0.0
         return max(0.0, self.at - self._clock())
+
+    def called_off(self) -> bool:
+        """Whether the event this deadline was made `until` is set (not an interrupt, not the time)."""
+        return self._off is not None and self._off.is_set()
+
+    def until(self, event: threading.Event) -> "Deadline":
+        """The same deadline, also ended at once when `event` is set."""
+        child = self.shifted(0.0)
+        child._off = event
+        return child
 
     def elapsed(self) -> float:
         return self._clock() - self.started
 
     def expired(self) -> bool:
-        return interrupt.requested() is not None or self._clock() >= self.at
+        return interrupt.requested() is not None or self.called_off() or self._clock() >= self.at
 
     def share(self, fraction: float) -> "Deadline":
         """A deadline `fraction` of the time left from now, never later than this one."""
         child = Deadline(None, clock=self._clock)
         child.limit = self.remaining() * fraction if math.isfinite(self.at) else math.inf
         child.at = min(self.at, child.started + child.limit)
+        child._off = self._off
         return child
 
     def shifted(self, seconds: float) -> "Deadline":
         """The same deadline `seconds` later (earlier if negative), for a grace or a margin."""
         child = Deadline(None, clock=self._clock)
         child.started, child.limit, child.at = self.started, self.limit + seconds, self.at + seconds
+        child._off = self._off
         return child
 
     @contextlib.contextmanager

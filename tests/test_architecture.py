@@ -123,7 +123,7 @@ def test_backends_describe_themselves_and_solve_reads_the_descriptor():
         res = solve_with(inst, SolveOptions(Objective.TOTAL_LATENCY, backend=name, time_limit=30))
         assert res.solver == name and res.status == "optimal" and res.success
         assert (res.tick is not None) == BACKENDS[name].integer_ticks
-    with pytest.raises(KvboundError, match="unknown solver 'gurobi'; choose from highs, cpsat, cbc"):
+    with pytest.raises(KvboundError, match="unknown solver 'gurobi'; choose from auto, highs, cpsat, cbc"):
         solve_with(inst, SolveOptions(backend="gurobi"))
 
 

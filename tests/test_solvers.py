@@ -181,7 +181,7 @@ def horizon(instance, objective, cons, formulation="bigm") -> int:
     """The batch horizon `solve` will use: its route once its heuristics have run."""
     options = SolveOptions(objective, formulation=formulation, constraints=cons)
     best = min(heuristic_candidates(instance, options), key=lambda c: c.value)
-    return route(instance, options, BACKENDS["highs"], best.schedule, best.value).J
+    return route(instance, options, BACKENDS, best.schedule, best.value).J
 
 
 def small_enough(instance, objective, cons, formulation, limit):

@@ -4,6 +4,7 @@ integer-scaled CP-SAT model)."""
 from __future__ import annotations
 
 import os
+import queue
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -26,9 +27,10 @@ class Backend:
     """One solver backend, described once: the driver reads these fields instead of branching on names."""
 
     name: str
-    run: Callable[..., BackendOutcome]  # (arrays, deadline, warm, *, verbose) -> BackendOutcome
+    run: Callable[..., BackendOutcome]  # (arrays, deadline, warm, *, verbose[, incumbents]) -> BackendOutcome
     integer_ticks: bool  # needs an integer model: time in whole ticks, coefficients floored
     summary: str
+    races: bool = False  # joins the race of `--solver auto` on small models (takes `incumbents`)
 
 
 #: every backend by name, in the order their modules register (`kvbound.backends`' import line)
@@ -51,3 +53,29 @@ def accepted(arrays, warm, objective) -> bool | None:
         return None
     warm_obj = float(arrays.objective @ warm + arrays.objective_offset)
     return objective is not None and objective <= warm_obj + 1e-9 * (1 + abs(warm_obj))
+
+
+class Exchange:
+    """A racing solver's link to the race (`kvbound.backends.race`): it `offer`s each improving
+    solution it finds (in its model's units, with a bound it vouches for, or None), and `take`s the
+    ones the others found, already translated into its own model's columns."""
+
+    def __init__(self, on_offer: Callable[[np.ndarray, float, float | None], None]):
+        self._on_offer = on_offer
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+
+    def offer(self, x: np.ndarray, objective: float, bound: float | None = None) -> None:
+        self._on_offer(x, objective, bound)
+
+    def give(self, make: Callable[[], np.ndarray]) -> None:
+        """A solution for this solver from another: `make()` gives it in this solver's columns."""
+        self._inbox.put(make)
+
+    def take(self) -> np.ndarray | None:
+        """The newest solution given to this solver, if any (older ones are dropped unmade)."""
+        make = None
+        while True:
+            try:
+                make = self._inbox.get_nowait()
+            except queue.Empty:
+                return None if make is None else np.asarray(make(), dtype=float)

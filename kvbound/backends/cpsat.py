@@ -11,7 +11,7 @@ from .. import progress
 from ..cpsat_process import CPSAT_GRACE, cpsat_solver, run_cpsat_process
 from ..deadline import Deadline
 from ..formulation.model import ModelArrays
-from .base import Backend, BackendOutcome, accepted, register
+from .base import Backend, BackendOutcome, Exchange, accepted, register
 
 # CP-SAT's portfolio grows with its workers (max_lp from 6, reduced_costs at 8); with the 2 of a
 # 2-core machine its one full-problem worker was default_lp (the rest are heuristics and LNS),
@@ -22,15 +22,23 @@ CPSAT_WORKERS = 8
 
 
 def solve_cpsat(arrays: ModelArrays, deadline: Deadline, warm: np.ndarray | None, *, verbose: bool = False,
-                fix_to_hint: bool = False, grace: float = CPSAT_GRACE, workers: int | None = None) -> BackendOutcome:
+                fix_to_hint: bool = False, grace: float = CPSAT_GRACE, workers: int | None = None,
+                incumbents: Exchange | None = None) -> BackendOutcome:
     """Every variable and coefficient must be integral (the formulation is built with `tick`).
 
-    The child reports each improving solution with CP-SAT's bound. If it has not answered `grace`
-    seconds after the deadline, it is killed and the last solution it reported (if any) is the outcome.
+    The child reports each improving solution with CP-SAT's bound (to `incumbents` where it races
+    another solver; it cannot take theirs). If it has not answered `grace` seconds after the
+    deadline, it is killed and the last solution it reported (if any) is the outcome.
     """
+    def on_incumbent(message):
+        _, objective, bound, x = message
+        if incumbents is not None:
+            incumbents.offer(x, objective, bound)
+        else:
+            progress.report(incumbent=objective, bound=bound)
+
     answer = run_cpsat_process(_solve_cpsat_here, (arrays, warm, verbose, fix_to_hint, workers or CPSAT_WORKERS),
-                               deadline, grace=grace,
-                               on_incumbent=lambda message: progress.report(incumbent=message[1], bound=message[2]))
+                               deadline, grace=grace, on_incumbent=on_incumbent)
     if answer.outcome is not None:
         return answer.outcome
     stats = {"model_status": "KILLED", "killed": answer.why}
@@ -136,4 +144,5 @@ def _all_integral(a) -> bool:
     return bool(np.all(np.abs(a[finite] - np.round(a[finite])) < 1e-9))
 
 
-register(Backend("cpsat", solve_cpsat, True, f"OR-Tools CP-SAT on the integer-tick model ({CPSAT_WORKERS} workers)"))
+register(Backend("cpsat", solve_cpsat, True, f"OR-Tools CP-SAT on the integer-tick model ({CPSAT_WORKERS} workers)",
+                 races=True))

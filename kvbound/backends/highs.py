@@ -13,7 +13,7 @@ from ..bounds.base import bound_above
 from ..deadline import Deadline
 from ..fileio import native_stdout_aside
 from ..formulation.model import ModelArrays
-from .base import Backend, BackendOutcome, accepted, register, threads
+from .base import Backend, BackendOutcome, Exchange, accepted, register, threads
 
 #: a HiGHS MIP proven optimal with presolve within this share of its time limit is solved again
 #: without presolve, from its solution, and the second answer's bound is the one reported
@@ -21,12 +21,14 @@ CONFIRM_SHARE = 0.25
 
 
 def solve_highs(arrays: ModelArrays, deadline: Deadline, warm: np.ndarray | None, *, relax: bool = False,
-                verbose: bool = False, gap: float = 1e-9, presolve: bool = True) -> BackendOutcome:
+                verbose: bool = False, gap: float = 1e-9, presolve: bool = True,
+                incumbents: Exchange | None = None) -> BackendOutcome:
     """HiGHS on the arrays. A MIP solve whose bound ends above the (feasible) warm start, or whose
     reported objective is not its solution's, is repeated without presolve: HiGHS 1.13 to 1.15's
     MIP presolve can cut off the optimum, and 1.16's can hand back the warm start as "optimal" with
     a smaller objective (tests/test_solvers.py::test_highs_presolve_that_cuts_off_the_optimum_is_caught,
-    ::test_highs_answer_whose_objective_is_not_its_solution_is_solved_again)."""
+    ::test_highs_answer_whose_objective_is_not_its_solution_is_solved_again). In a race (`incumbents`)
+    it offers its improving solutions and takes the others' as user solutions."""
     import highspy
 
     time_limit = deadline.remaining()  # HiGHS's own unit, once
@@ -65,7 +67,7 @@ def solve_highs(arrays: ModelArrays, deadline: Deadline, warm: np.ndarray | None
         sol.value_valid = True
         h.setSolution(sol)
     t0 = time.perf_counter()
-    abandoned = _run_highs(h, deadline, verbose)
+    abandoned = _run_highs(h, deadline, verbose, None if relax else incumbents)
     seconds = time.perf_counter() - t0
     if abandoned is not None:  # HiGHS did not stop in time: only the bound its callbacks reported
         bound = abandoned.get("bound", -math.inf)
@@ -113,7 +115,7 @@ def solve_highs(arrays: ModelArrays, deadline: Deadline, warm: np.ndarray | None
         # proof was quick, it is confirmed without presolve, starting from the solution found
         retry, warm = "confirmed without presolve", x
     if retry is not None and presolve and not deadline.expired():
-        again = solve_highs(arrays, deadline, warm, verbose=verbose, gap=gap, presolve=False)
+        again = solve_highs(arrays, deadline, warm, verbose=verbose, gap=gap, presolve=False, incumbents=incumbents)
         if not mismatch and objective is not None and (again.objective is None or objective < again.objective):
             again.x, again.objective = x, objective  # the first solve's schedule is better; only its bound is not trusted
             again.status = "feasible" if again.status == "unknown" else again.status
@@ -131,7 +133,7 @@ def solve_highs(arrays: ModelArrays, deadline: Deadline, warm: np.ndarray | None
 HIGHS_GRACE = 0.5
 
 
-def _run_highs(h, deadline: Deadline, verbose: bool) -> dict | None:
+def _run_highs(h, deadline: Deadline, verbose: bool, incumbents: Exchange | None = None) -> dict | None:
     """`h.run()` in HiGHS's solve thread while this thread waits, so that a signal is handled at once.
 
     HiGHS's interrupt callbacks stop it on an interrupt (kvbound.interrupt) or when it overruns
@@ -155,6 +157,18 @@ def _run_highs(h, deadline: Deadline, verbose: bool) -> dict | None:
 
     for callback in (h.cbMipInterrupt, h.cbSimplexInterrupt, h.cbIpmInterrupt):
         callback.subscribe(stop)
+    if incumbents is not None:
+        def improved(event):
+            out = event.data_out
+            incumbents.offer(np.array(out.mip_solution, dtype=float), out.objective_function_value)
+
+        def given(event):
+            x = incumbents.take()
+            if x is not None:
+                event.data_in.setSolution(np.asarray(x, dtype=float))
+
+        h.cbMipImprovingSolution.subscribe(improved)
+        h.cbMipUserSolution.subscribe(given)
     if verbose:
         h.setOptionValue("log_to_console", False)
         h.cbLogging.subscribe(lambda event: sys.stderr.write(event.message))
@@ -185,4 +199,4 @@ def _run_highs(h, deadline: Deadline, verbose: bool) -> dict | None:
     return None
 
 
-register(Backend("highs", solve_highs, False, "HiGHS branch-and-cut (default)"))
+register(Backend("highs", solve_highs, False, "HiGHS branch-and-cut", races=True))

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import math
 
-from ..backends import BACKENDS
+from ..backends import AUTO, BACKENDS, SOLVERS, chosen_backends
+from ..backends.race import RACE_LIMIT
 from ..errors import InputError
 from ..formulation import FORMULATION_KINDS
 from ..objective import OBJECTIVES, Objective
@@ -88,8 +89,11 @@ def add_time_limit(p, help: str = "seconds") -> None:
 
 def add_backend(p, help: str | None = None) -> None:
     """`--solver` and `--formulation`: which backend solves which model."""
-    solvers = "; ".join(f"{b.name}: {b.summary}" for b in BACKENDS.values())
-    p.add_argument("--solver", default=SolveOptions.backend, choices=BACKENDS, help=help or solvers)
+    racers = " and ".join(b.name for b in BACKENDS.values() if b.races)
+    solvers = "; ".join([f"{AUTO} (default): {racers} side by side on a model of up to {RACE_LIMIT:,} variables, "
+                         f"sharing solutions, the first proof wins; else {chosen_backends(AUTO, math.inf, BACKENDS)[0].name}"]
+                        + [f"{b.name}: {b.summary}" for b in BACKENDS.values()])
+    p.add_argument("--solver", default=SolveOptions.backend, choices=SOLVERS, help=help or solvers)
     models = "; ".join(f"{k.name}: {k.summary}" for k in FORMULATION_KINDS.values())
     p.add_argument("--formulation", default=SolveOptions.formulation, choices=FORMULATIONS,
                    help=f"{models}; {SEARCH} (or {SEARCH_ALIAS}): no model, a Lagrangian bound (mean objectives), "

@@ -9,8 +9,10 @@ and that exact latency is what is reported.
 """
 from __future__ import annotations
 
+import math
+
 from .. import interrupt
-from ..backends import BACKENDS
+from ..backends import BACKENDS, SOLVERS, chosen_backends
 from ..bounds.base import Bound
 from ..constraints import Constraints
 from ..deadline import Deadline
@@ -27,7 +29,9 @@ def solve_with(instance, options: SolveOptions, deadline: Deadline | None = None
     """Best schedule and lower bound for `options.objective` (`deadline`, default `options.time_limit`
     from now, bounds the whole call)."""
     deadline = deadline if deadline is not None else Deadline(options.time_limit)
-    backend = _lookup(BACKENDS, options.backend, "solver")
+    _lookup(dict.fromkeys(SOLVERS), options.backend, "solver")
+    # named in the result where no model ran: the backend, or the one auto runs on a large model
+    solver = chosen_backends(options.backend, math.inf, BACKENDS)[0].name
     if options.formulation not in ("auto", SEARCH):
         _lookup(FORMULATION_KINDS, options.formulation, "formulation")
     if options.export and options.formulation == SEARCH:
@@ -41,10 +45,10 @@ def solve_with(instance, options: SolveOptions, deadline: Deadline | None = None
             except Stopped:  # an interrupt (or a deadline) outside a phase's own guard: what is known stands
                 pass
     with interrupt.deferred():  # what is known is reported, whatever comes now
-        return ledger.result(backend.name)
+        return ledger.result(ledger.backend or solver)
 
 
-def solve(instance, objective: str = "total_latency", backend: str = "highs", time_limit: float = DEFAULT_TIME_LIMIT,
+def solve(instance, objective: str = "total_latency", backend: str = "auto", time_limit: float = DEFAULT_TIME_LIMIT,
           warm_start=FAST_HEURISTICS, formulation: str = "auto", constraints: Constraints = Constraints(),
           horizon: int | None = None, verbose: bool = False, export: str | None = None, *,
           skip_proven: bool = True, deadline: Deadline | None = None) -> Result:

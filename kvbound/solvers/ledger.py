@@ -78,6 +78,7 @@ class Ledger:
         self.analytic = -math.inf  # the best analytic bound (reported apart)
         self.fewest_batches = 0
         self.discarded: list[str] = []
+        self.backend: str | None = None  # the backend whose answer the model phase took (a race's winner)
         self.trajectory = Trajectory(deadline)
         self.stats: dict = {}  # reported in `solve --json`'s stats, never read back
         self.route = None  # `route.Route`, once the heuristics have run

@@ -22,7 +22,7 @@ FORMULATIONS = ("auto", *FORMULATION_KINDS, SEARCH, SEARCH_ALIAS)
 @dataclass(frozen=True)
 class SolveOptions:
     objective: Objective = Objective.TOTAL_LATENCY
-    backend: str = "highs"  # highs | cpsat | cbc
+    backend: str = "auto"  # auto (HiGHS and CP-SAT race on a small model, else HiGHS) | highs | cpsat | cbc
     formulation: str = "auto"  # auto | chain | network | bigm | search
     time_limit: float = DEFAULT_TIME_LIMIT  # seconds for the whole solve (heuristics, build, backend)
     warm_start: tuple[str, ...] | None = FAST_HEURISTICS  # heuristics whose best valid schedule seeds the solver

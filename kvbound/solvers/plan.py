@@ -20,6 +20,6 @@ PLAN = (
     Heuristics(),  # the warm-start heuristics and the serial schedule
     ChooseRoute(BACKENDS),  # a model, the search, or neither
     Bounds(Stage.MODEL),  # before a model, where every bound is asked for (the LP relaxation)
-    Model(BACKENDS),  # the model, warm-started, solved by the backend
+    Model(),  # the model, warm-started, solved by the backend (or the race of several)
     Search(steps=(Bounds(Stage.SEARCH), Packing())),  # where no model is solved: until the deadline or a proof
 )

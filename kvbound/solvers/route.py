@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..backends import chosen_backends
 from ..errors import InputError
 from ..formulation import FORMULATION_KINDS, MODEL_LIMIT, FormulationKind
 from ..formulation.horizon import horizon_for
@@ -20,8 +21,9 @@ UNKNOWN_HORIZON = 64
 @dataclass(frozen=True)
 class Route:
     """The model a solve would build: its kind, horizon J (and whether the bound is certified at it,
-    and why that horizon), CP-SAT's time tick and its size in variables; and whether it is built
-    (`way`: "model"), left for the search ("search") or not built at all ("none", `why_not`)."""
+    and why that horizon), the backends that solve it (several race, each on its own build), CP-SAT's
+    time tick and its size in variables; and whether it is built (`way`: "model"), left for the
+    search ("search") or not built at all ("none", `why_not`)."""
 
     kind: FormulationKind
     J: int
@@ -31,11 +33,12 @@ class Route:
     size: int
     way: str
     why_not: str = ""
+    backends: tuple = ()  # the Backend descriptors, the first one's answer the default winner
 
 
-def route(instance: Instance, options: SolveOptions, backend, best: Schedule | None, upper: float | None) -> Route:
+def route(instance: Instance, options: SolveOptions, backends: dict, best: Schedule | None, upper: float | None) -> Route:
     """The route for a solve whose best schedule so far (meeting the constraints) is `best`, of value
-    `upper` (None: no schedule)."""
+    `upper` (None: no schedule); `backends`: the registry `options.backend` names one of (or auto)."""
     kind = _kind(instance, options, upper)
     J, certified, why = _horizon(instance, options, kind, upper)
     if best is not None:
@@ -43,8 +46,9 @@ def route(instance: Instance, options: SolveOptions, backend, best: Schedule | N
         if options.constraints.stops_at_first_tokens(options.objective):
             prefix = Schedule(instance.requests, first_token_prefix(instance, best.batches))
         J = max(J, kind.batches_needed(prefix))
-    tick = tick_for(instance, J) if backend.integer_ticks else None
     size = kind.size(instance, J)
+    chosen = chosen_backends(options.backend, size, backends)
+    tick = tick_for(instance, J) if any(b.integer_ticks for b in chosen) else None
     way, why_not = "model", ""
     auto = options.formulation == "auto"
     if best is not None and not options.export and (options.formulation == SEARCH or (auto and size > kind.auto_limit)):
@@ -53,7 +57,7 @@ def route(instance: Instance, options: SolveOptions, backend, best: Schedule | N
             why_not = f"the {kind.name} model would have ~{size:,} variables (auto's limit {kind.auto_limit:,}); "
     elif size > MODEL_LIMIT and not options.export:
         way, why_not = "none", f"the {kind.name} model would have ~{size:,} variables (limit {MODEL_LIMIT:,})"
-    return Route(kind, J, certified, why, tick, size, way, why_not)
+    return Route(kind, J, certified, why, tick, size, way, why_not, chosen)
 
 
 def _kind(instance: Instance, options: SolveOptions, upper: float | None) -> FormulationKind:

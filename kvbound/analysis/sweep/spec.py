@@ -17,7 +17,7 @@ from ...costs import PRESETS
 from ...costs.presets import DEFAULT_PRESET
 from ...errors import InputError
 from ...objective import OBJECTIVES
-from ...backends import BACKENDS
+from ...backends import SOLVERS
 from ...solvers.options import FORMULATIONS, SolveOptions
 from ...io.cases import check_keys, load_case, read_toml
 from ...workload import MAX_INT, MAX_REQUEST_TOKENS, MAX_REQUESTS, Instance, Request, SystemConfig
@@ -41,6 +41,9 @@ MAX_POINTS = 100_000
 MAX_SWEEP_REQUESTS = 10 ** 7
 #: run.time_limit, seconds per solve, when the spec names none (sweeps run many points: shorter than `kvbound solve`'s)
 DEFAULT_TIME_LIMIT = 10.0
+#: a sweep's solver when its spec names none: one backend per point (the points already use every
+#: core; `auto`'s race would start a CP-SAT process beside each)
+SWEEP_SOLVER = "highs"
 
 
 @dataclass(frozen=True)
@@ -80,7 +83,7 @@ class SweepSpec:
     objectives: list[str]
     solve: bool = False
     time_limit: float = DEFAULT_TIME_LIMIT
-    solver: str = SolveOptions.backend
+    solver: str = SWEEP_SOLVER
     formulation: str = SolveOptions.formulation
     plots: list[PlotSpec] = field(default_factory=list)
     description: str = ""
@@ -268,9 +271,9 @@ def parse_spec(data: dict, source: str = "<spec>", base_dir: Path = Path(".")) -
     time_limit = run.get("time_limit", DEFAULT_TIME_LIMIT)
     if isinstance(time_limit, bool) or not isinstance(time_limit, (int, float)) or not (math.isfinite(time_limit) and time_limit > 0):
         raise InputError(source, "run.time_limit", f"must be a finite number of seconds > 0, got {time_limit!r}")
-    solver = run.get("solver", SolveOptions.backend)
-    if solver not in BACKENDS:
-        raise InputError(source, "run.solver", f"unknown solver {solver!r}; choose from {', '.join(BACKENDS)}")
+    solver = run.get("solver", SWEEP_SOLVER)
+    if solver not in SOLVERS:
+        raise InputError(source, "run.solver", f"unknown solver {solver!r}; choose from {', '.join(SOLVERS)}")
     formulation = run.get("formulation", SolveOptions.formulation)
     if formulation not in FORMULATIONS:
         raise InputError(source, "run.formulation", f"unknown formulation {formulation!r}; choose from {', '.join(FORMULATIONS)}")

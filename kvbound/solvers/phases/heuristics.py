@@ -83,7 +83,7 @@ class ChooseRoute:
             if ledger.impossible is not None:  # proven infeasible: nothing to route
                 ledger.certify(Bound("the constraints", math.inf, note=ledger.impossible))
                 return
-        ledger.route = chosen = route(ledger.instance, ledger.options, self.backends[ledger.options.backend],
+        ledger.route = chosen = route(ledger.instance, ledger.options, self.backends,
                                       upper.schedule if upper else None, upper.value if upper else None)
         if ledger.done() and ledger.proven:
             # a heuristic schedule meets a certified bound (valid under any constraints): it is optimal,
