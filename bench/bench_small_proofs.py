@@ -61,6 +61,36 @@ def describe(inst) -> str:
     return f"{inst.name.split('/')[-1]}: {reqs}; M={s.kv_capacity} C={s.max_batch_tokens} P={s.max_prefill_tokens} b={s.block_size}"
 
 
+def agrees(status: str, best: float | None, bound: float, exact: float) -> bool:
+    """The solve is consistent with the oracle: no schedule below the optimum, no bound above it, and
+    a proven optimum equal to it."""
+    tol = 1e-9 * max(1.0, abs(exact))
+    if bound > exact + tol or (best is not None and best < exact - tol):
+        return False
+    return status != "optimal" or abs(best - exact) <= tol
+
+
+def report(rows: list[dict], args, argv: list[str]) -> None:
+    """The summary line (printed), and with --out the markdown table and the JSON rows."""
+    proven = [r for r in rows if r["status"] == "optimal"]
+    times = sorted(r["seconds"] for r in rows)
+    summary = (f"{len(proven)}/{len(rows)} proven optimal; seconds median {statistics.median(times):.2f}, "
+               f"max {max(times):.2f}; {sum(r['seconds'] > 10 for r in rows)} over 10 s; "
+               f"{sum(not r['agrees'] for r in rows)} disagree with the oracle")
+    print(summary)
+    if not args.out:
+        return
+    out = Path(args.out)
+    lines = [f"# Small cases: proofs ({args.solver}, {args.time_limit:g} s limit, {args.draws} seeded draws, seed {args.seed})",
+             "", f"`python bench/bench_small_proofs.py {' '.join(argv)}`", "",
+             summary, "", "| case | objective | optimum (oracle) | status | seconds | proved by |", "|---|---|---:|---|---:|---|"]
+    for r in rows:
+        opt = "-" if r["optimum"] is None else f"{r['optimum']:.6g}"
+        lines.append(f"| {r['case']} | {r['objective']} | {opt} | {r['status']} | {r['seconds']:.2f} | {r['proved_by']} |")
+    out.write_text("\n".join(lines) + "\n")
+    out.with_suffix(".json").write_text(json.dumps(rows, indent=1) + "\n")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--draws", type=int, default=40)
@@ -83,28 +113,13 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         res = solve(inst, obj, backend=args.solver, time_limit=args.time_limit)
         secs = time.perf_counter() - t0
-        ok = exact is None or (res.objective is not None and abs(res.objective - exact) <= 1e-9 * max(1, abs(exact)))
+        ok = exact is None or agrees(res.status, res.objective, res.lower_bound, exact)
         row = dict(case=describe(inst), objective=obj, optimum=exact, status=res.status, best=res.objective,
                    bound=res.lower_bound, seconds=round(secs, 3), proved_by=res.stats.get("proved_by", res.solver),
                    agrees=ok)
         rows.append(row)
         print(f"[{n + 1}/{len(todo)}] {row['status']:>9} {secs:6.2f} s {obj:13} {row['case']}", flush=True)
-    proven = [r for r in rows if r["status"] == "optimal"]
-    times = sorted(r["seconds"] for r in rows)
-    summary = (f"{len(proven)}/{len(rows)} proven optimal; seconds median {statistics.median(times):.2f}, "
-               f"max {max(times):.2f}; {sum(r['seconds'] > 10 for r in rows)} over 10 s; "
-               f"{sum(not r['agrees'] for r in rows)} disagree with the oracle")
-    print(summary)
-    if args.out:
-        out = Path(args.out)
-        lines = [f"# Small cases: proofs ({args.solver}, {args.time_limit:g} s limit, {args.draws} seeded draws, seed {args.seed})",
-                 "", f"`python bench/bench_small_proofs.py {' '.join(argv if argv is not None else sys.argv[1:])}`", "",
-                 summary, "", "| case | objective | optimum (oracle) | status | seconds | proved by |", "|---|---|---:|---|---:|---|"]
-        for r in rows:
-            opt = "-" if r["optimum"] is None else f"{r['optimum']:.6g}"
-            lines.append(f"| {r['case']} | {r['objective']} | {opt} | {r['status']} | {r['seconds']:.2f} | {r['proved_by']} |")
-        out.write_text("\n".join(lines) + "\n")
-        out.with_suffix(".json").write_text(json.dumps(rows, indent=1) + "\n")
+    report(rows, args, argv if argv is not None else sys.argv[1:])
     return 0 if all(r["agrees"] for r in rows) else 1
 
 

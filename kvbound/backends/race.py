@@ -7,7 +7,7 @@ as it stops one. A racer joins `JOIN_AFTER` seconds late: a model the first prov
 starts a CP-SAT process. An improving solution of one racer is handed to the others as a schedule
 and translated into their own columns when they take it (HiGHS takes them as user solutions;
 CP-SAT cannot take any once started). A bound a racer vouches for (CP-SAT's) that meets the best
-solution of any racer settles the race too.
+solution of any racer settles the race too: the race ends where the ledger will find a proof.
 """
 from __future__ import annotations
 
@@ -30,8 +30,6 @@ from .base import Backend, BackendOutcome, Exchange
 RACE_LIMIT = 20_000
 #: seconds the racers after the first wait before they start
 JOIN_AFTER = 0.3
-#: statuses that settle a race: a proof either way
-SETTLED = ("optimal", "infeasible")
 #: `--solver auto`: the backends that race where the model is small, else the first of them alone
 AUTO = "auto"
 
@@ -54,6 +52,7 @@ class Entrant:
     scale: float
     to_schedule: Callable[[np.ndarray], object]  # a point of this model -> Schedule (or None)
     from_schedule: Callable[[object], np.ndarray]  # a Schedule -> a point of this model
+    value: Callable[[object], float]  # a Schedule's exact objective in seconds (the validator's)
 
 
 @dataclass
@@ -66,39 +65,38 @@ class RaceResult:
 
 
 class _Board:
-    """What the race knows in seconds: the best solution offered and the best vouched-for bound."""
+    """What the race knows in seconds: the best schedule offered (its exact value, not a model's:
+    CP-SAT's coefficients are floored) and the best bound of a racer; settled when they meet, as the
+    ledger will judge them."""
 
     def __init__(self, entrants: list[Entrant], settled: threading.Event):
         self.entrants, self.settled = entrants, settled
         self.best, self.bound = math.inf, -math.inf
+        self.settler: int | None = None
         self.lock = threading.Lock()
-        self.exchanges = [Exchange(self._offer_from(k)) for k in range(len(entrants))]
+        self.exchanges = [Exchange(functools.partial(self.note, k)) for k in range(len(entrants))]
         self.shared = 0
 
-    def _offer_from(self, k: int):
+    def note(self, k: int, x, objective, bound) -> None:
+        """Racer k's solution `x` (model units; may be None) and a bound it vouches for (or None)."""
         entrant = self.entrants[k]
-
-        def offer(x, objective, bound):
-            seconds = objective / entrant.scale
-            schedule = None
-            with self.lock:
-                if bound is not None and math.isfinite(bound):
-                    self.bound = max(self.bound, bound / entrant.scale)
-                better = seconds < self.best
-                self.best = min(self.best, seconds)
-                if math.isfinite(self.bound) and meets(self.best, self.bound):
-                    self.settled.set()
-            if better and not self.settled.is_set():
-                schedule = entrant.to_schedule(np.asarray(x, dtype=float))
-            if schedule is not None:
-                for other, exchange in enumerate(self.exchanges):
-                    if other != k:
-                        exchange.give(functools.partial(self.entrants[other].from_schedule, schedule))
-                        self.shared += 1
-            first = self.entrants[0].scale
-            progress.report(incumbent=self.best * first, **({"bound": self.bound * first} if bound is not None else {}))
-
-        return offer
+        schedule = entrant.to_schedule(np.asarray(x, dtype=float)) if x is not None else None
+        seconds = entrant.value(schedule) if schedule is not None else math.inf
+        with self.lock:
+            better = seconds < self.best
+            self.best = min(self.best, seconds)
+            if bound is not None and math.isfinite(bound):
+                self.bound = max(self.bound, bound / entrant.scale)
+            if math.isfinite(self.bound) and meets(self.best, self.bound) and not self.settled.is_set():
+                self.settler = k
+                self.settled.set()
+        if better and not self.settled.is_set():
+            for other, exchange in enumerate(self.exchanges):
+                if other != k:
+                    exchange.give(functools.partial(self.entrants[other].from_schedule, schedule))
+                    self.shared += 1
+        first = self.entrants[0].scale
+        progress.report(incumbent=self.best * first, **({"bound": self.bound * first} if bound is not None else {}))
 
 
 def race(entrants: list[Entrant], deadline: Deadline, verbose: bool = False) -> RaceResult:
@@ -126,10 +124,14 @@ def race(entrants: list[Entrant], deadline: Deadline, verbose: bool = False) -> 
             return
         finally:
             finished[k] = time.monotonic() - began
+        out = outcomes[k]
         with board.lock:
             order.append(k)
-        if outcomes[k].status in SETTLED:
+        if out.status == "infeasible" and not settled.is_set():
+            board.settler = k
             settled.set()
+        elif out.status != "unknown":  # its last solution and its bound: a proof if they meet the best
+            board.note(k, out.x, out.objective, out.bound)
 
     others = [threading.Thread(target=run, args=(k,), name=f"race-{entrants[k].backend.name}", daemon=True)
               for k in range(1, len(entrants))]
@@ -142,14 +144,12 @@ def race(entrants: list[Entrant], deadline: Deadline, verbose: bool = False) -> 
             thread.join()
     if errors:
         raise errors[0]
-    return RaceResult(outcomes, _winner(entrants, outcomes, order), finished, board.shared)
+    winner = board.settler if board.settler is not None and outcomes[board.settler] is not None else None
+    return RaceResult(outcomes, winner if winner is not None else _best(entrants, outcomes), finished, board.shared)
 
 
-def _winner(entrants: list[Entrant], outcomes: list[BackendOutcome | None], order: list[int]) -> int:
-    """The first racer back with a proof; else the one with the best solution (in seconds)."""
-    for k in order:
-        if outcomes[k].status in SETTLED:
-            return k
+def _best(entrants: list[Entrant], outcomes: list[BackendOutcome | None]) -> int:
+    """The racer with the best solution (its model's value in seconds), the first on ties."""
     values = [outcomes[k].objective / entrants[k].scale if outcomes[k] is not None and outcomes[k].objective is not None
               else math.inf for k in range(len(entrants))]
     return int(np.argmin(values))

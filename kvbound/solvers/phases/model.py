@@ -9,6 +9,7 @@ from ... import progress
 from ...bounds.base import Bound
 from ...interrupt import Stopped
 from ...backends.race import Entrant, race
+from ...schedule import validate
 from ..export import export_model
 from ..ledger import ModelRun
 
@@ -42,8 +43,9 @@ class Model:
                 with deadline.enforced():  # PuLP writes large models slowly: the deadline cuts it too
                     export_model(forms[0][1], forms[0][0], options.export)
                 ledger.exported = options.export
+            exact = lambda schedule: ledger.objective.of(validate(instance, schedule).metrics)  # noqa: E731
             entrants = [Entrant(backend, arrays, self._warm(ledger, form, arrays, run), form.objective_scale(),
-                                form.extract, form.warm_start) for backend, (form, arrays) in zip(backends, forms)]
+                                form.extract, form.warm_start, exact) for backend, (form, arrays) in zip(backends, forms)]
             progress.report(phase="+".join(b.name for b in backends), scale=entrants[0].scale,
                             bound_certified=chosen.certified)
             if len(entrants) == 1:
