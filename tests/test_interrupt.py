@@ -432,3 +432,19 @@ def test_a_swallowed_deadline_alarm_comes_again():
                     if len(caught) == 2:
                         raise
     assert len(caught) == 2 and caught[1] - caught[0] < 0.5 and time.monotonic() - t0 < 1
+
+
+THREE_TIGHT = REPO / "cases" / "small" / "three_tight.toml"  # HiGHS ~10 s in presolve, CP-SAT ~17 s to a proof
+
+
+@pytest.mark.parametrize("after", [1.5, 4.0])
+def test_ctrl_c_stops_both_racers(tmp_path, after):
+    # --solver auto races HiGHS (in presolve: no callbacks) and CP-SAT (its own process): one Ctrl-C
+    # ends the command within the promise, with the best schedule, and leaves no CP-SAT process
+    proc, tmp = _start(["solve", THREE_TIGHT, "--time-limit", "60", "--json"], tmp_path)
+    seconds, out, err, kids = _signal_and_wait(proc, signal.SIGINT, after)
+    assert proc.returncode == 130, (out, err)
+    assert seconds <= EXIT_WITHIN, f"exited {seconds:.2f} s after the signal"
+    data = json.loads(out)
+    assert data["status"] == "interrupted" and data["objective"] is not None
+    assert not _gone(kids) and os.listdir(tmp) == []

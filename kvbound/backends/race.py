@@ -16,7 +16,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -61,7 +61,6 @@ class RaceResult:
     winner: int  # the entrant whose answer settled the race, or with the best solution
     finished: list[float]  # per entrant, seconds from the start of the race to its return
     shared: int = 0  # solutions handed from one racer to another
-    errors: list = field(default_factory=list)
 
 
 class _Board:
@@ -107,7 +106,6 @@ def race(entrants: list[Entrant], deadline: Deadline, verbose: bool = False) -> 
     outcomes: list[BackendOutcome | None] = [None] * len(entrants)
     finished = [math.nan] * len(entrants)
     errors: list = []
-    order: list[int] = []  # entrants in the order they returned
     began = time.monotonic()
     until = deadline.until(settled)
 
@@ -125,8 +123,6 @@ def race(entrants: list[Entrant], deadline: Deadline, verbose: bool = False) -> 
         finally:
             finished[k] = time.monotonic() - began
         out = outcomes[k]
-        with board.lock:
-            order.append(k)
         if out.status == "infeasible" and not settled.is_set():
             board.settler = k
             settled.set()
