@@ -106,6 +106,11 @@ def _report_solve(args, instance, options, res) -> int:
     if res.skipped:
         print(f"  solver       not run: {res.skipped}; the bound is analytic")
     print(f"  warm start   {res.warm_start or 'none'} (accepted by the solver: {res.warm_start_accepted})")
+    race = res.stats.get("race")
+    if race:
+        others = [f"{name} {each['status']}" + (f" at {each['seconds']:.2f} s" if "seconds" in each else "")
+                  for name, each in race.items() if isinstance(each, dict)]
+        print(f"  race         {race['winner']} won ({'; '.join(others)})")
     print(f"  time         {res.seconds:.2f} s (model build {res.build_seconds:.2f} s)")
     if res.exported:
         print(f"  model written to {res.exported}")
