@@ -1,5 +1,7 @@
-"""The model route: build the formulation the route chose, warm-start it from the best heuristic
-schedule, run the backend until the deadline, and offer its schedule and certify its bound."""
+"""The model route: build the formulation the route chose (once per backend of the route: seconds
+or integer ticks), warm-start it from the best heuristic schedule, run the backend, or race the
+backends (`kvbound.backends.race`), until the deadline, and offer every schedule and certify every
+bound they end with, each under its backend's name; the winner's answer is the one the result names."""
 from __future__ import annotations
 
 import math
