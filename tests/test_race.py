@@ -10,6 +10,7 @@ import time
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from kvbound import Batch, Schedule, load_case, validate
 from kvbound.backends import AUTO, BACKENDS, SOLVERS, chosen_backends
@@ -22,12 +23,40 @@ from kvbound.formulation import FORMULATION_KINDS
 from kvbound.objective import Objective
 from kvbound.solvers import solve
 from tests.conftest import REPO
-from tests.oracle import OBJECTIVES, brute_force, tiny_instances
+from tests.oracle import OBJECTIVES, brute_force
+from tests.test_solvers import small_enough, tiny
 
 THREE = REPO / "cases" / "small" / "three_tight.toml"
 #: its optimum (total latency), proven by the oracle (137 s) and CP-SAT; every formulation claims it
 THREE_OPTIMUM = 0.0413168705
 THREE_SCHEDULE = [{0: 8}, {0: 1}, {0: 1, 2: 2}, {2: 8}, {2: 1}, {2: 1}, {2: 1}, {1: 3}, {1: 8}, {1: 1}, {1: 1}]
+
+
+KINKED = """
+name = "kinked"
+[system]
+kv_capacity = 6
+max_batch_tokens = 3
+max_prefill_tokens = 1
+block_size = 3
+[cost]
+intercept = 1.0
+per_token = 0.125
+decode_kv = 0.0625
+token_knees = [3, 6]
+per_token_above = [0.25, 0.5]
+[[requests]]
+prompt = 4
+output = 1
+[[requests]]
+prompt = 2
+output = 3
+arrival = 2.5
+[[requests]]
+prompt = 4
+output = 2
+arrival = 2.5
+"""
 
 
 def test_auto_races_the_backends_that_say_they_race_on_small_models_only():
@@ -38,32 +67,36 @@ def test_auto_races_the_backends_that_say_they_race_on_small_models_only():
     assert [b.name for b in chosen_backends("cbc", 10, BACKENDS)] == ["cbc"]
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
-@given(instance=tiny_instances())
-def test_the_race_finds_the_oracles_optimum(instance):
-    for objective in OBJECTIVES:
-        expected = brute_force(instance, objective).value
-        res = solve(instance, objective, AUTO, time_limit=60, skip_proven=False)
-        assert res.status == "optimal", (objective, res.message)
-        assert res.objective == pytest.approx(expected, rel=1e-6, abs=1e-12)
-        assert res.lower_bound <= expected * (1 + 1e-9) + 1e-12
-        validate(instance, res.schedule)
-        race = res.stats["race"]
-        assert res.solver == race["winner"] and race["winner"] in ("highs", "cpsat")
-        assert race[race["winner"]]["status"] in ("optimal", "infeasible")
-
-
-def test_the_loser_stops_when_the_winner_proves():
-    # HiGHS spends ~10 s in presolve here and CP-SAT proves it: the race ends with CP-SAT's proof,
-    # HiGHS stopped within a second or two of it (not at the 120 s limit)
-    res = solve(load_case(THREE), "total_latency", AUTO, time_limit=120)
+@settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
+@given(instance=tiny(), objective=st.sampled_from(OBJECTIVES))
+def test_the_race_finds_the_oracles_optimum(instance, objective):
+    # models kept small as for each backend's own oracle test (a proof in seconds)
+    small_enough(instance, Objective.parse(objective), Constraints(), "chain", 16)
+    expected = brute_force(instance, objective).value
+    res = solve(instance, objective, AUTO, time_limit=60, skip_proven=False)
+    assert res.status == "optimal", (objective, res.message)
+    assert res.objective == pytest.approx(expected, rel=1e-6, abs=1e-12)
+    assert res.lower_bound <= expected * (1 + 1e-9) + 1e-12
+    validate(instance, res.schedule)
     race = res.stats["race"]
-    assert res.status == "optimal" and res.objective == pytest.approx(THREE_OPTIMUM, rel=1e-9)
+    assert res.solver == race["winner"] and race["winner"] in ("highs", "cpsat")
+    assert race[race["winner"]]["status"] in ("optimal", "infeasible")
+
+
+def test_the_loser_stops_when_the_winner_proves(tmp_path):
+    # HiGHS alone proves this draw only after its presolve-free confirmation (1.6 s + 7 s; not within
+    # 10 s on a quiet machine); racing, whichever proves first ends the race and the other stops
+    # within a second or two of it
+    case = tmp_path / "kinked.toml"
+    case.write_text(KINKED)
+    res = solve(load_case(case), "mean_latency", AUTO, time_limit=60)
+    race = res.stats["race"]
+    assert res.status == "optimal" and res.objective == pytest.approx(8.0, rel=1e-9)
     winner, loser = race["winner"], ({"highs", "cpsat"} - {race["winner"]}).pop()
     assert race[winner]["status"] == "optimal"
     if race[loser]["status"] != "not run":
         assert race[loser]["seconds"] <= race[winner]["seconds"] + 3.0
-    assert res.seconds < 100
+    assert res.seconds < 30
 
 
 def test_highs_takes_a_solution_another_racer_gives_it():
@@ -126,33 +159,6 @@ def test_three_tight_requests_every_formulation_holds_the_optimum(formulation):
     assert not arrays.check(warm)
     value = float(arrays.objective @ warm + arrays.objective_offset) / form.objective_scale()
     assert value == pytest.approx(THREE_OPTIMUM, rel=1e-9)
-
-
-KINKED = """
-name = "kinked"
-[system]
-kv_capacity = 6
-max_batch_tokens = 3
-max_prefill_tokens = 1
-block_size = 3
-[cost]
-intercept = 1.0
-per_token = 0.125
-decode_kv = 0.0625
-token_knees = [3, 6]
-per_token_above = [0.25, 0.5]
-[[requests]]
-prompt = 4
-output = 1
-[[requests]]
-prompt = 2
-output = 3
-arrival = 2.5
-[[requests]]
-prompt = 4
-output = 2
-arrival = 2.5
-"""
 
 
 def test_solve_says_who_won_the_race(cli, tmp_path):
