@@ -9,7 +9,6 @@ seconds and which backend proved it. The table is cited in bench/results/NOTES.m
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import statistics
 import sys
@@ -20,11 +19,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _oracle():
-    spec = importlib.util.spec_from_file_location("kvbound_oracle", ROOT / "tests" / "oracle.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
+    """tests/oracle.py, loaded by file as the ground-truth script loads it (this directory is the
+    script's, so its sibling imports as is)."""
+    from ground_truth import load_module
+
+    return load_module("kvbound_tests_oracle", ROOT / "tests" / "oracle.py")
 
 
 #: draws made per draw kept: hypothesis's consecutive examples are near copies of each other, so the

@@ -103,7 +103,7 @@ def complete_schedule(instance: Instance, batches: list[Batch], constraints: Con
         else:
             # keep the request with the least work left, unless another could never be refilled: under
             # no_chunk an evicted request recomputes all S tokens in one chunk, so only S <= min(P, C) may go
-            refillable = [i for i in order if not constraints.no_chunk or st.prompt[i] + st.n[i] <= P]
+            refillable = [i for i in order if _refillable(st, i, constraints, P)]
             keep = next((i for i in order if st.m[i] > 0 and i not in refillable), order[0])
             victims = tuple(i for i in refillable if i != keep and st.m[i] > 0)
             if constraints.no_evict or not victims:
@@ -112,6 +112,12 @@ def complete_schedule(instance: Instance, batches: list[Batch], constraints: Con
         st.apply(bt)
         out.append(bt)
     return Schedule(instance.requests, out)
+
+
+def _refillable(st: ReplayState, i: int, constraints: Constraints, P: int) -> bool:
+    """Whether request i, evicted now, can be refilled: under no_chunk its S tokens recompute in one
+    chunk, so S <= P (<= C)."""
+    return not constraints.no_chunk or st.prompt[i] + st.n[i] <= P
 
 
 def _one_at_a_time(instance: Instance, batches: list[Batch], constraints: Constraints) -> Schedule | None:
@@ -126,8 +132,8 @@ def _one_at_a_time(instance: Instance, batches: list[Batch], constraints: Constr
     for bt in batches:
         st.apply(bt)
     s, P = instance.system, instance.system.max_prefill_tokens
-    refillable = [i for i in range(len(instance)) if not st.finished[i] and st.m[i] > 0
-                  and (not constraints.no_chunk or st.prompt[i] + st.n[i] <= min(P, s.max_batch_tokens))]
+    refillable = [i for i in range(len(instance))
+                  if not st.finished[i] and st.m[i] > 0 and _refillable(st, i, constraints, P)]
     out = list(batches)
     if refillable:
         out.append(Batch({}, tuple(refillable), None))
