@@ -58,7 +58,7 @@ class Entrant:
 @dataclass
 class RaceResult:
     outcomes: list[BackendOutcome | None]  # per entrant (None: it never started, the race was settled)
-    winner: int  # the entrant whose answer settled the race, or with the best solution
+    winner: int  # the entrant whose bound settled the race (its proof), else the one with the best solution
     finished: list[float]  # per entrant, seconds from the start of the race to its return
     shared: int = 0  # solutions handed from one racer to another
 
@@ -71,7 +71,8 @@ class _Board:
     def __init__(self, entrants: list[Entrant], settled: threading.Event):
         self.entrants, self.settled = entrants, settled
         self.best, self.bound = math.inf, -math.inf
-        self.settler: int | None = None
+        self.prover: int | None = None  # the racer whose bound is `bound`
+        self.settler: int | None = None  # the prover, once its bound meets the best schedule
         self.lock = threading.Lock()
         self.exchanges = [Exchange(functools.partial(self.note, k)) for k in range(len(entrants))]
         self.shared = 0
@@ -84,10 +85,10 @@ class _Board:
         with self.lock:
             better = seconds < self.best
             self.best = min(self.best, seconds)
-            if bound is not None and math.isfinite(bound):
-                self.bound = max(self.bound, bound / entrant.scale)
+            if bound is not None and math.isfinite(bound) and bound / entrant.scale > self.bound:
+                self.bound, self.prover = bound / entrant.scale, k
             if math.isfinite(self.bound) and meets(self.best, self.bound) and not self.settled.is_set():
-                self.settler = k
+                self.settler = self.prover  # the proof is its bound, whoever found the schedule
                 self.settled.set()
         if better and not self.settled.is_set():
             for other, exchange in enumerate(self.exchanges):
