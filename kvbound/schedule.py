@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .accounting import FEATURES, account_batch, round_to_blocks
+from .accounting import FEATURES, account_batch, is_decode_type, round_to_blocks
 from .errors import InputError, KvboundError
 from .workload import Instance, Request
 
@@ -175,12 +175,18 @@ def _pct(values: np.ndarray, q: float) -> float:
     return float(np.percentile(values, q)) if values.size else 0.0
 
 
+def _index_type(k: int):
+    """The smallest unsigned integer type that holds 0..k-1 (numpy's stable sort of 16-bit keys is a radix sort)."""
+    return np.uint16 if k <= 1 << 16 else np.uint32 if k <= 1 << 32 else np.uint64
+
+
 def _grouped_percentile(values: np.ndarray, groups: np.ndarray, k: int, q: float) -> np.ndarray:
     """Per group 0..k-1: the q-th percentile of its values (numpy's linear interpolation), 0 for an empty group."""
     out = np.zeros(k)
     if not values.size:
         return out
-    order = np.lexsort((values, groups))
+    by_value = np.argsort(values, kind="stable")
+    order = by_value[np.argsort(groups[by_value].astype(_index_type(k)), kind="stable")]  # by group, then value
     v, g = values[order], groups[order]
     counts = np.bincount(g, minlength=k)
     starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
@@ -212,6 +218,10 @@ class ReplayState:
         self.last_token = [0.0] * k  # when each request generated its latest token
         self.gaps: list[float] = []  # every gap between consecutive tokens of a request ...
         self.gap_requests: list[int] = []  # ... and whose gap it is
+        # the decode-type requests (`is_decode_type` of their m, n), kept batch by batch: a scheduler
+        # reads its running decodes from it instead of testing every running request each batch
+        self.decoding: set[int] = set()
+        self.done: list[int] = []  # the requests that finished in the latest batch
         self.completion = [math.nan] * k
         self.evictions = [0] * k
         self.recomputed = 0
@@ -284,6 +294,7 @@ class ReplayState:
                        or not (unservable.isdisjoint(tokens)
                                or unservable.intersection(tokens).issubset(by_arrival[self._arrived:a]))):
             self._check_tokens(j, start, tokens, seen_evict)
+        decoding = self.decoding
         account = account_batch(tokens, m, n, prompt, seen_evict, b)
         if account.overdrawn:
             self._check_tokens(j, start, tokens, seen_evict)
@@ -308,14 +319,18 @@ class ReplayState:
             self.recomputed += m[i]
             self.evictions[i] += 1
             m[i] = 0
+            decoding.discard(i)
         end = start + account.time(self.instance.cost)
-        output, first, completion = self.output, self.first_token, self.completion
-        last_token, gaps, gap_requests = self.last_token, self.gaps, self.gap_requests
+        output, first, last_token = self.output, self.first_token, self.last_token
+        gaps, gap_requests = self.gaps, self.gap_requests
+        done = []  # requests that generate their last token
         generated = 0  # counted locally: an attribute update per token is a cost on the hot path
         for i, c in tokens.items():
             mi = m[i] + c
             ni = n[i]
             if mi == prompt[i] + ni:
+                if c != 1 or not ni:  # it was prefill-type; now it is decode-type (until done)
+                    decoding.add(i)
                 ni += 1
                 generated += 1
                 n[i] = ni
@@ -326,13 +341,20 @@ class ReplayState:
                     gap_requests.append(i)
                 last_token[i] = end
                 if ni == output[i]:
-                    finished[i] = True
-                    unservable.add(i)
-                    self.unfinished -= 1
-                    completion[i] = end
-                    kv -= round_to_blocks(mi, b)
-                    mi = 0
+                    done.append(i)
+            elif is_decode_type(ni, prompt[i] + ni - mi):  # a refill that leaves only the generated token uncached
+                decoding.add(i)
             m[i] = mi
+        completion = self.completion
+        for i in done:
+            finished[i] = True
+            unservable.add(i)
+            completion[i] = end
+            kv -= round_to_blocks(m[i], b)
+            m[i] = 0
+            decoding.discard(i)
+        self.unfinished -= len(done)
+        self.done = done
         self.generated += generated
         if tok:
             self.nonempty_batches += 1
@@ -357,6 +379,7 @@ class ReplayState:
         multi = outputs > 1
         tpot = (completion[multi] - first[multi]) / (outputs[multi] - 1)
         gaps = np.array(self.gaps, dtype=float)
+        gap_requests = np.array(self.gap_requests, dtype=np.int64)
         normalized = lat / outputs
         metrics = Metrics(
             total_latency=float(self.ends[-1]) if self.ends else 0.0,
@@ -374,7 +397,7 @@ class ReplayState:
             mean_tbt=float(gaps.mean()) if gaps.size else 0.0, p99_tbt=_pct(gaps, 99),
             p50_normalized_latency=_pct(normalized, 50), p95_normalized_latency=_pct(normalized, 95),
         )
-        request_p99_tbt = _grouped_percentile(gaps, np.array(self.gap_requests, dtype=np.int64), len(outputs), 99)
+        request_p99_tbt = _grouped_percentile(gaps, gap_requests, len(outputs), 99)
         return Replay(metrics, arrivals, completion, first, np.array(self.evictions),
                       np.array(self.starts), np.array(self.ends), np.array(self.kv_trace, dtype=np.int64),
                       np.array(self.features, dtype=float).reshape(-1, len(FEATURES)), request_p99_tbt)

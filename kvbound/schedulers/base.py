@@ -73,10 +73,8 @@ class Policy:
         raise NotImplementedError
 
     def after_batch(self, st: ReplayState, batch: Batch) -> None:
-        finished = st.finished
-        for i in batch.tokens:
-            if finished[i]:
-                self.release(i)
+        for i in st.done:  # the requests this batch finished
+            self.release(i)
         for i in batch.evict:
             self.arrive(i)
 

@@ -17,8 +17,10 @@ fits in M at every future batch (`_future_fits`).
 """
 from __future__ import annotations
 
-import heapq
+import itertools
+from collections import deque
 from dataclasses import dataclass
+from operator import add, itemgetter
 
 import numpy as np
 
@@ -114,43 +116,70 @@ class UnifiedScheduler(Policy):
         else:
             self._rank = [(0, r.arrival) for r in reqs]
         self._peak = [r.peak_kv for r in reqs]
+        self._ordinal = self._ordinal_of = None  # position of each request in the running order (`_by_rank`)
+        self._gate = [True]  # whether `_order` may still read the waiting queue in this batch
 
     def waiting_key(self, i: int) -> tuple:
         return self._rank[i]
 
     # ------------------------------------------------------------------ ordering
-    def _waiting_order(self, st: ReplayState) -> list[int]:
-        """The waiting requests in admission order (subclasses with a time-dependent order override this)."""
-        return [i for _, i in self.waiting]
+    def _waiting_order(self, st: ReplayState):
+        """The waiting requests in admission order (subclasses with a time-dependent order override
+        this and return a list); here the queue's own order, read lazily: a batch reads the queue only
+        up to where admission stops."""
+        return map(itemgetter(1), self.waiting)
 
     def _running_rank(self, st: ReplayState) -> list:
         """Per request: the key that orders running requests (and picks lowest-priority victims)."""
         return self._rank
 
-    def _order(self, st: ReplayState) -> tuple[list[int], list[int]]:
-        """(candidates in priority order, running requests in priority order)."""
-        m, n, prompt = st.m, st.n, st.prompt
+    def _by_rank(self, ids, st: ReplayState) -> list[int]:
+        """`ids` by (running rank, id): with the class's own ranks (fixed per request), by their
+        precomputed position in that order."""
+        if type(self)._running_rank is UnifiedScheduler._running_rank:
+            if self._ordinal is None or self._ordinal_of is not self._rank:
+                order = sorted(range(len(self._rank)), key=lambda i: (self._rank[i], i))
+                self._ordinal = [0] * len(order)
+                for pos, i in enumerate(order):
+                    self._ordinal[i] = pos
+                self._ordinal_of = self._rank
+            return sorted(ids, key=self._ordinal.__getitem__)
         rank = self._running_rank(st)
+        return sorted(ids, key=lambda i: (rank[i], i))
+
+    def _order(self, st: ReplayState) -> tuple:
+        """(candidates in priority order, running requests in priority order). A candidate is a
+        request id or a list of decode-type running requests in a row (`next_batch` takes such a
+        run at once where it can); waiting requests come from `_gated`, which stops reading the
+        queue once `next_batch` closes admission."""
         running = self.reserved
-        waiting_ids = self._waiting_order(st)
+        decoding = st.decoding  # the decode-type requests (`is_decode_type`, kept by the replay)
         pr = self.params.priority
+        gate = self._gate
         if pr in ("rank-i", "rank-o"):
-            run = sorted(running, key=lambda i: (rank[i], i))
-            merged = heapq.merge(((rank[i], i) for i in run), self.waiting)
-            return [i for _, i in merged], run
-        decodes, prefills = [], []
-        for i in running:
-            (decodes if is_decode_type(n[i], prompt[i] + n[i] - m[i]) else prefills).append(i)
-        if self.params.decode_order == "longest-first":
-            decodes.sort(key=lambda i: (-m[i], rank[i], i))
-        else:
-            decodes.sort(key=lambda i: (rank[i], i))
-        prefills.sort(key=lambda i: (rank[i], i))
+            run = self._by_rank(running, st)
+            rank = self._running_rank(st)
+            return _merged([(rank[i], i) for i in run], self.waiting, gate), run
+        waiting_ids = _gated(self._waiting_order(st), gate)
         if pr in ("prefill", "running"):
-            run = sorted(running, key=lambda i: (rank[i], i))
-            return (waiting_ids + run if pr == "prefill" else run + waiting_ids), run
+            run = self._by_rank(running, st)
+            runs = []  # the decode-type ones in a row as one list each
+            for dec, group in itertools.groupby(run, decoding.__contains__):
+                if dec:
+                    runs.append(list(group))
+                else:
+                    runs.extend(group)
+            return (itertools.chain(waiting_ids, runs) if pr == "prefill" else itertools.chain(runs, waiting_ids)), run
+        decodes = decoding.intersection(running)
+        if self.params.decode_order == "longest-first":
+            m = st.m
+            rank = self._running_rank(st)
+            decodes = sorted(decodes, key=lambda i: (-m[i], rank[i], i))
+        else:
+            decodes = self._by_rank(decodes, st)
+        prefills = self._by_rank([i for i in running if i not in decoding], st)
         run = decodes + prefills
-        return run + waiting_ids, run
+        return itertools.chain([decodes] if decodes else (), prefills, waiting_ids), run
 
     # ------------------------------------------------------------------ one batch
     def next_batch(self, st: ReplayState) -> Batch:
@@ -162,8 +191,9 @@ class UnifiedScheduler(Policy):
         peak_reserve = p.reserve == "peak"
         chunk_reserve = p.reserve == "chunk"
         max_running = p.max_running
+        gate = self._gate
+        gate[0] = True
         candidates, run_order = self._order(st)
-        pos = {i: k for k, i in enumerate(run_order)}
         tail = len(run_order)  # victims are taken from run_order[.. tail)
         tokens: dict[int, int] = {}
         evicted: list[int] = []
@@ -172,16 +202,31 @@ class UnifiedScheduler(Policy):
         tok = ptok = 0
         phase = None
         admit_open = True
-        for i in candidates:
+        todo: deque = deque()
+        for i in _flatten(candidates, todo):
             if tok >= C:
                 break
+            if type(i) is list:  # decode-type running requests in a row: c = 1 each
+                if not p.hybrid and phase == "p":
+                    continue  # each would be left out
+                take = i if tok + len(i) <= C else i[:C - tok]  # the loop stops at C tokens
+                if gone and not gone.isdisjoint(take) or not self._decodes_fit(take, st):
+                    todo.extend(i)  # one at a time below: some may evict
+                    continue
+                tokens.update(dict.fromkeys(take, 1))
+                tok += len(take)
+                if phase is None:
+                    phase = "d"
+                    if not p.hybrid:
+                        gate[0] = False  # every waiting request is prefill-type
+                continue
             if i in gone:
                 continue
             running = i in reserved
             if not running and (not admit_open or (evicted and not p.admit_after_evict)):
                 continue
             if not running and max_running is not None and len(reserved) >= max_running:
-                admit_open = False
+                admit_open = gate[0] = False
                 continue
             S = prompt[i] + n[i]
             remaining = S - m[i]
@@ -197,7 +242,7 @@ class UnifiedScheduler(Policy):
                 c = min(remaining, room) if p.chunked else remaining
                 if c < 1 or c > room or (tokens and not self._rides_along(st, i, c, tokens)):
                     if not running:
-                        admit_open = False
+                        admit_open = gate[0] = False
                     continue
             # KV reservation
             if running:
@@ -207,13 +252,13 @@ class UnifiedScheduler(Policy):
                 new_res = self._peak[i] if peak_reserve else (m[i] + c if chunk_reserve else S)
                 extra = blocks(new_res)
             if not running and p.reserve == "future" and not self._future_fits(st, tokens, gone, i, c, C - len(tokens)):
-                admit_open = False
+                admit_open = gate[0] = False
                 continue
             if self.kv_reserved + extra > M:
                 if not running:
-                    admit_open = False
+                    admit_open = gate[0] = False
                     continue
-                k = pos[i]
+                k = run_order.index(i)
                 while self.kv_reserved + extra > M:
                     victim = self._victim(run_order, k, tail, gone, m)
                     if victim is None:
@@ -222,6 +267,8 @@ class UnifiedScheduler(Policy):
                         tail = run_order.index(victim, k + 1, tail)
                     self.evict_to_waiting(victim, evicted)
                     gone.add(victim)
+                if not p.admit_after_evict:
+                    gate[0] = False
                 if self.kv_reserved + extra > M:
                     self.evict_to_waiting(i, evicted)  # self-eviction
                     gone.add(i)
@@ -238,10 +285,35 @@ class UnifiedScheduler(Policy):
                 ptok += c
             if phase is None:
                 phase = "d" if decode else "p"
+                if phase == "d" and not p.hybrid:
+                    gate[0] = False  # every waiting request is prefill-type
         if admitted:
-            drop = set(admitted)
-            self.waiting = [w for w in self.waiting if w[1] not in drop]
+            waiting = self.waiting
+            if len(admitted) <= len(waiting) and all(w[1] == a for w, a in zip(waiting, admitted)):
+                del waiting[:len(admitted)]  # admitted in the queue's order: its head
+            else:
+                drop = set(admitted)
+                self.waiting = [w for w in waiting if w[1] not in drop]
         return Batch(tokens, tuple(evicted))
+
+    def _decodes_fit(self, ids: list[int], st: ReplayState) -> bool:
+        """Whether the decode-type running requests `ids` (c = 1 each, none evicted) all keep their
+        reservations within M; if so, reserve for them: each grows its reservation to S (= m + 1),
+        as one at a time would, and none can push a later one over M since none shrinks."""
+        reserved = self.reserved
+        prompt, n = st.prompt, st.n
+        old = list(map(reserved.__getitem__, ids))
+        new = list(map(max, old, map(add, map(prompt.__getitem__, ids), map(n.__getitem__, ids))))
+        if self.b == 1:
+            extra = sum(new) - sum(old)
+        else:
+            blocks = self.blocks
+            extra = sum(map(blocks, new)) - sum(map(blocks, old))
+        if self.kv_reserved + extra > self.M:
+            return False
+        reserved.update(zip(ids, new))
+        self.kv_reserved += extra
+        return True
 
     def _rides_along(self, st: ReplayState, i: int, c: int, ahead: dict[int, int]) -> bool:
         """Whether request i's prefill chunk of c tokens joins a batch that already holds the
@@ -335,3 +407,33 @@ def _ordered_class(base: type) -> type:
     if base not in _ORDERED:
         _ORDERED[base] = type(f"Ordered{base.__name__}", (OrderedScheduler, base), {})
     return _ORDERED[base]
+
+
+def _gated(ids, gate: list):
+    """`ids` while gate[0] holds (read before each)."""
+    for i in ids:
+        if not gate[0]:
+            return
+        yield i
+
+
+def _merged(run: list[tuple], waiting: list[tuple], gate: list):
+    """The ids of two sorted lists of (key, id), merged by key; the waiting ones only while gate[0] holds."""
+    r, R = 0, len(run)
+    for w in waiting:
+        while r < R and run[r] < w:
+            yield run[r][1]
+            r += 1
+        if not gate[0]:
+            break
+        yield w[1]
+    for k in range(r, R):
+        yield run[k][1]
+
+
+def _flatten(items, todo: deque):
+    """`items`, each followed by whatever the consumer put in `todo` meanwhile."""
+    for x in items:
+        yield x
+        while todo:
+            yield todo.popleft()
