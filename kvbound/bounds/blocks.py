@@ -1,0 +1,352 @@
+"""Block bounds for mean latency and mean TTFT: requests that share batches, priced together (issue 33).
+
+Every other mean bound prices requests one at a time (each alone, the Lagrangian's trajectories)
+or in pairs (the pairwise work waits). Here a block S of requests is priced as an instance of its
+own (its requests alone, every arrival at 0), so its value sees the batches they share; requests
+in different blocks are priced by the pairwise work waits. docs/formulation.md, "The block bound",
+has the statement and the proof; in short, for weights y_S >= 0 over blocks with
+sum_{S containing i} y_S <= 1 for every request i,
+
+    sum_i (C_i - a_i) >= sum_i T_i + sum_{i < j} P_ij + sum_S y_S g_S,
+    g_S = V_S - sum_{i in S} T_i - sum_{i < j in S} P_ij,
+    V_S = L_S - sum_{i in S} (a_i - min_{j in S} a_j),
+
+with T_i each request's least time alone (`alone.time_alone`), P_ij the pairwise work waits of i
+and j (`pair_waits`: work only, so that they add up over pairs) and L_S any certified lower bound
+on the least sum of latencies (first-token times) of S alone with every arrival at 0. A family
+with any weights is a bound, so blocks are priced one after the other and the bound is offered
+after each (`BlockFamily`); the weights are an LP over the blocks priced so far (a fractional
+packing: each request's weights add up to at most 1).
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from ..alone import prefill_work, time_alone
+from ..deadline import Deadline
+from ..objective import Objective
+from ..schedule import Batch, Schedule, validate
+from ..workload import Instance
+from .analytic import (_least_progress_cost, _skipped_intercepts, _token_steps, _work_left_after,
+                       analytic_bounds)
+from .base import Bound, Stage, register
+
+#: the block sizes tried, smallest first (blocks of one are the singletons: their gain is 0)
+BLOCK_SIZES = (2, 3, 4)
+#: instances of at most this many requests get no blocks (one block of all is the instance itself)
+MIN_REQUESTS = 10
+#: the most seconds one block's pricing may take (else an equal share of the time left)
+BLOCK_SECONDS = (None, 8.0)
+#: the bound's row
+NAME = "blocks: each block alone + pairwise work waits across blocks"
+
+
+def pair_waits(instance: Instance, objective: Objective) -> tuple[np.ndarray, np.ndarray]:
+    """(P, E). P[i, j] = P[j, i]: a lower bound on the work of j that i waits for plus the work of i
+    that j waits for: with a_r <= a_q, min(r's work left at a_q, W_q) (`analytic.pairwise_work_waits`,
+    whose sum over pairs is P's). E[q] (mean latency only): what q adds with the intercepts of its
+    best earlier partner's later batches, over that pair's P (`analytic._skipped_intercepts`); it
+    spends q's own batches and that one pair, so it counts only where neither is in a block. For
+    first tokens, prefill work and no E. sum P / 2 + sum E is the pairwise bound's sum."""
+    n, cost = len(instance), instance.cost
+    order = np.argsort(instance.arrivals, kind="stable")
+    arrivals = instance.arrivals[order]
+    out, extra = np.zeros((n, n)), np.zeros(n)
+    if objective.first_token:
+        work = prefill_work(instance.prompts[order], cost)
+        reach = np.searchsorted(arrivals, arrivals + work, side="left")
+        steps = None
+    else:
+        first_prefill = time_alone(instance, Objective.MEAN_TTFT)
+        steps = [_token_steps(instance, int(i), first_prefill[i]) for i in order]
+        work = np.array([float(w.sum()) for _, w in steps])
+        reach = np.searchsorted(arrivals, arrivals + np.array([t[-1] for t, _ in steps]), side="left")
+        least = [_least_progress_cost(instance, int(i), w) for i, (_, w) in zip(order, steps)]
+    for k in range(n - 1):
+        later = slice(k + 1, max(k + 1, int(reach[k])))
+        gap = arrivals[later] - arrivals[k]
+        left = np.maximum(work[k] - gap, 0.0)
+        if steps is not None:
+            times, token_work_k = steps[k]
+            reached = np.searchsorted(times, gap, side="right")
+            left = np.maximum(left, _work_left_after(times, token_work_k, gap, reached))
+        pair = np.minimum(left, work[later])
+        out[order[k], order[later]] = pair
+        if steps is not None and len(gap):
+            late = np.maximum(len(times) - 1 - reached, 0)
+            waited = left + cost.intercept * late + _skipped_intercepts(least[later], late)
+            q = order[later]
+            extra[q] = np.maximum(extra[q], np.minimum(waited, work[later]) - pair)
+    return out + out.T, extra
+
+
+def at_zero(instance: Instance, members) -> Instance:
+    """The requests `members` alone, every arrival at 0, on the same system and cost."""
+    return Instance(tuple(replace(instance.requests[i], arrival=0.0) for i in members), instance.system,
+                    instance.cost, name=f"{instance.name}[block]")
+
+
+def restricted(schedule: Schedule, members, block: Instance) -> Schedule:
+    """`schedule`'s batches kept for `members` only (renumbered 0..|S|-1), back to back: a valid
+    schedule of `block` (fewer requests hold less KV and fewer tokens; every arrival is 0)."""
+    index = {int(i): k for k, i in enumerate(members)}
+    batches = []
+    for b in schedule.batches:
+        tokens = {index[i]: c for i, c in b.tokens.items() if i in index}
+        evict = tuple(index[i] for i in b.evict if i in index)
+        if tokens or evict:
+            batches.append(Batch(tokens, evict))
+    return Schedule(block.requests, batches)
+
+
+def price_block(block: Instance, objective: Objective, deadline: Deadline, schedule: Schedule | None = None) -> float:
+    """A certified lower bound on the least sum of latencies (first-token times) of `block` (every
+    arrival at 0): the analytic bounds, then the Lagrangian bound and its completion-master variant
+    until `deadline` (or until one meets `schedule`, a valid schedule of the block, when given)."""
+    from .completion_master import MasterBound
+    from .lagrangian import LagrangianBound, start_horizon
+
+    n = len(block)
+    best = max((b.value for b in analytic_bounds(block, objective) if b.certified and b.found), default=0.0)
+    if schedule is None or deadline.expired():
+        return n * best
+    upper = objective.of(validate(block, schedule).metrics)
+    H = start_horizon(schedule)
+    for make in (LagrangianBound, MasterBound.where_it_fits):
+        if best >= upper * (1 - 1e-9) or deadline.expired():
+            break
+        bound = make(block, objective, H)
+        if bound is None:
+            continue
+        for value, _, _ in bound.iterate(upper):
+            best = max(best, value)
+            if deadline.expired() or best >= upper * (1 - 1e-9):
+                break
+    return n * min(best, upper)  # a bound above a valid schedule would be a bug: never more than it
+
+
+@dataclass
+class BlockFamily:
+    """Blocks priced so far for one instance and objective, and the bound they give (the module's
+    docstring). `add` prices a block with `pricer(block_instance) -> certified lower bound on its
+    sum`; `value` is the bound (mean seconds) with the LP's weights over the blocks added."""
+
+    instance: Instance
+    objective: Objective
+    alone: np.ndarray = field(init=False)
+    pairs: np.ndarray = field(init=False)
+    blocks: list = field(default_factory=list)  # (members, V_S, gain)
+    weights: np.ndarray = field(init=False)
+
+    def __post_init__(self):
+        self.alone = time_alone(self.instance, self.objective)
+        self.pairs, self.extra = pair_waits(self.instance, self.objective)
+        self.base = float(self.alone.sum() + self.pairs.sum() / 2 + self.extra.sum())
+        self.weights = np.zeros(0)
+
+    def own(self, members) -> float:
+        """What the base counts that a block spends: its requests alone, its pairs and its requests'
+        intercept parts (E, each spending its request's own batches)."""
+        members = np.asarray(members)
+        return float(self.alone[members].sum() + self.pairs[np.ix_(members, members)].sum() / 2
+                     + self.extra[members].sum())
+
+    def spread(self, members) -> float:
+        """sum over the block of (arrival - the block's first arrival)."""
+        a = self.instance.arrivals[np.asarray(members)]
+        return float((a - a.min()).sum())
+
+    def add(self, members, priced_sum: float) -> float:
+        """Record a block priced at `priced_sum` (a certified bound on its sum at arrival 0); its gain."""
+        members = tuple(sorted(int(i) for i in members))
+        value = priced_sum - self.spread(members)
+        gain = max(0.0, value - self.own(members))
+        self.blocks.append((members, value, gain))
+        self.weights = self._weigh()
+        return gain
+
+    def reprice(self, k: int, priced_sum: float) -> float:
+        """Block k priced again at `priced_sum`; it keeps the larger of its two values. Its gain."""
+        members, value, _ = self.blocks[k]
+        value = max(value, priced_sum - self.spread(members))
+        gain = max(0.0, value - self.own(members))
+        self.blocks[k] = (members, value, gain)
+        self.weights = self._weigh()
+        return gain
+
+    def _weigh(self) -> np.ndarray:
+        """The weights: max sum y_S g_S over y >= 0, sum over blocks holding i of y_S <= 1 (an LP)."""
+        gains = np.array([g for _, _, g in self.blocks])
+        useful = gains > 0
+        y = np.zeros(len(gains))
+        if not useful.any():
+            return y
+        members = [m for (m, _, _), u in zip(self.blocks, useful) if u]
+        if _disjoint(members):
+            y[useful] = 1.0
+            return y
+        from scipy.optimize import linprog
+        from scipy.sparse import lil_matrix
+
+        A = lil_matrix((len(self.instance), len(members)))
+        for k, m in enumerate(members):
+            A[list(m), k] = 1.0
+        res = linprog(-gains[useful], A_ub=A.tocsr(), b_ub=np.ones(len(self.instance)), bounds=(0.0, 1.0),
+                      method="highs")
+        if res.status != 0:  # fall back to a greedy packing, a bound all the same
+            return self._greedy(gains)
+        # projected onto the constraints, so that a solver tolerance cannot overcount
+        load = A.tocsr() @ np.asarray(res.x)
+        scale = 1.0 / max(1.0, float(load.max()))
+        y[useful] = np.clip(res.x, 0.0, 1.0) * scale
+        return y
+
+    def _greedy(self, gains: np.ndarray) -> np.ndarray:
+        y, used = np.zeros(len(gains)), set()
+        for k in np.argsort(-gains):
+            m = self.blocks[k][0]
+            if gains[k] > 0 and not used.intersection(m):
+                y[k], used = 1.0, used | set(m)
+        return y
+
+    @property
+    def value(self) -> float:
+        gains = np.array([g for _, _, g in self.blocks])
+        return (self.base + float(self.weights @ gains if len(gains) else 0.0)) / len(self.instance)
+
+    def used(self) -> int:
+        return int((self.weights > 1e-9).sum())
+
+
+def _disjoint(members) -> bool:
+    seen: set = set()
+    for m in members:
+        if seen.intersection(m):
+            return False
+        seen.update(m)
+    return True
+
+
+def candidate_blocks(instance: Instance, objective: Objective, sizes=BLOCK_SIZES) -> list[tuple[int, ...]]:
+    """Blocks worth pricing, in the order to price them: requests in order of arrival (then of their
+    time alone), windows of each size with half-size strides (the LP chooses among overlapping ones).
+    With arrivals only requests close in time can share batches; a block's arrival spread is paid in
+    full (`BlockFamily.spread`), so windows whose spread exceeds the block's time alone are left out."""
+    n = len(instance)
+    own = time_alone(instance, objective)
+    order = np.lexsort((own, instance.arrivals))
+    a = instance.arrivals[order]
+    out = []
+    for m in sizes:
+        if m >= n:
+            continue
+        stride = max(1, m // 2)
+        starts = list(range(0, n - m + 1, stride))
+        if starts[-1] != n - m:
+            starts.append(n - m)
+        for s in starts:
+            window = order[s:s + m]
+            if float((a[s:s + m] - a[s]).sum()) <= float(own[window].sum()):
+                out.append(tuple(int(i) for i in window))
+    return out
+
+
+def block_bound(instance: Instance, objective: Objective, deadline: Deadline, schedule: Schedule | None = None,
+                sizes=BLOCK_SIZES, pricer=None, on_value=None) -> tuple[float, BlockFamily]:
+    """The block bound (mean seconds) of the blocks `candidate_blocks` gives, and the family.
+
+    Every block is first priced by the analytic bounds of the block alone (milliseconds each), then
+    again, in order of the gain that left the least to find (V_S - what the base counts, largest
+    first), by `pricer(block_instance, members, deadline) -> a certified bound on the block's sum`
+    (default `price_block` from `schedule` restricted to the block) with an equal share of the time
+    left, until `deadline`. A block priced twice keeps the larger value. `on_value(value)`: called
+    with the bound after each step that raised it (anytime: every partial family is a bound)."""
+    family = BlockFamily(instance, objective)
+    best = family.value
+
+    def offer():
+        nonlocal best
+        if family.value > best:
+            best = family.value
+            if on_value is not None:
+                on_value(best)
+
+    blocks = candidate_blocks(instance, objective, sizes)
+    cheap = []
+    for members in blocks:
+        if deadline.expired():
+            break
+        sub = at_zero(instance, members)
+        family.add(members, price_block(sub, objective, deadline, None))
+        cheap.append((family.blocks[-1][1] - family.own(members), len(family.blocks) - 1, members, sub))
+    offer()
+    cheap.sort(key=lambda c: -c[0])
+    for k, (_, at, members, sub) in enumerate(cheap):
+        if deadline.expired():
+            break
+        share = _block_deadline(deadline, len(cheap) - k)
+        if pricer is not None:
+            priced = pricer(sub, members, share)
+        else:
+            priced = price_block(sub, objective, share,
+                                 restricted(schedule, members, sub) if schedule is not None else None)
+        family.reprice(at, priced)
+        offer()
+    return family.value, family
+
+
+def _block_deadline(deadline: Deadline, left: int) -> Deadline:
+    """One block's time: an equal share of the time left over the `left` blocks to price, at most
+    BLOCK_SECONDS[1] seconds."""
+    share = deadline.share(1.0 / left if left > 1 else 1.0)
+    if share.limit > BLOCK_SECONDS[1]:
+        capped = Deadline(BLOCK_SECONDS[1])
+        return capped if capped.at <= share.at else share
+    return share
+
+
+class _BlockMethod:
+    """The block bound as a one-shot step of its stage, with `share` of the time left; it offers the
+    bound of the blocks priced when its time ends (every partial family is a bound)."""
+
+    name = "blocks"
+
+    def skip_reason(self, known) -> str | None:
+        if not known.objective.is_mean:
+            return "none for total latency"
+        if len(known.instance) <= MIN_REQUESTS:
+            return f"none: at most {MIN_REQUESTS} requests (one block of all is the instance)"
+        options = getattr(known, "options", None)
+        if known.instance.offline and not (options is not None and options.every_bound):
+            # measured (bench/results/blocks.md): all at 0 the Lagrangian of the whole instance is
+            # above the blocks of it, and their time would be taken from its race
+            return "none in a solve with every request at 0 (`kvbound bound` runs it)"
+        return None
+
+    def compute(self, known, deadline) -> list[Bound]:
+        began = time.perf_counter()
+        value, family = block_bound(known.instance, known.objective, deadline, known.best_schedule)
+        sizes = sorted({len(m) for m, _, _ in family.blocks})
+        note = (f"{len(family.blocks)} blocks priced (sizes {', '.join(map(str, sizes)) or '-'}), "
+                f"{family.used()} weighted by the LP")
+        details = {"blocks_priced": len(family.blocks), "blocks_weighted": family.used(),
+                   "base": family.base / len(known.instance)}
+        return [Bound(NAME, value, time.perf_counter() - began, note=note, details=details)]
+
+
+@register
+class SearchBlocks(_BlockMethod):
+    """In the search, before the anytime race."""
+
+    stage, share = Stage.SEARCH, 0.15
+
+
+@register
+class ModelBlocks(_BlockMethod):
+    """Before a model, where every bound is asked for (`kvbound bound`)."""
+
+    stage, share = Stage.MODEL, 0.25
