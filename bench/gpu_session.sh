@@ -1,26 +1,30 @@
 #!/usr/bin/env bash
-# Issue 15's GPU checks in one run, for a lent GPU machine that has torch and triton but no solver
-# packages and no ../shared: the schedules are computed beforehand on the development machine.
+# The GPU checks of issues 15 and 36 in one run, for a lent GPU machine that has torch and triton but no
+# solver packages and no ../shared: the cases are self-contained and their schedules computed beforehand
+# on the development machine.
 #
-#   bash bench/gpu_session.sh CASE SCHEDULE.json... [-- SECONDS]
+#   bash bench/gpu_session.sh CASE.toml SCHEDULE.json... [CASE2.toml SCHEDULE.json...] [-- SECONDS]
 #
-# In order, each step limited to what is left of SECONDS (default 500): the decode step
-# (bench/bench_step.py), the decode-attention bandwidth (bench/bench_kernels.py), a profile of the
-# executor, its calibration, a replay of each schedule against that calibration, and last the
-# executor and kernel tests on CUDA. Everything lands in $OUT (default bench/results/runs/gpu/): log.txt,
-# step.md, kernels.md, profile.csv, cost.toml, replays.jsonl (one `kvbound replay --json` object per
-# schedule, with its name) and tests.txt. A failing step is logged and the next one runs.
-# SKIP="decode-step kernels tests" leaves those steps out; FLAGS="--no-graphs" goes to profile and replay.
+# In order, each step limited to what is left of SECONDS (default 560): the decode-attention tuning and
+# bandwidth (bench/bench_kernels.py --tune: the tuned settings land in kvbound/kernels/tuned/, where the
+# later steps read them), the CUDA checks of the kernels and the graphs (if the piecewise graphs fail
+# them, the rest runs without: --piecewise-tokens 0), a profile of the executor, its calibration, a
+# replay of each schedule of each case against that calibration, the decode step (bench/bench_step.py),
+# and last the other executor tests on CUDA. Everything lands in $OUT (default bench/results/runs/gpu/):
+# log.txt, kernels.md, tuned.json, checks.txt, profile.csv, cost.toml, replays.jsonl (one `kvbound replay
+# --json` object per schedule, with its case and name), step.md and tests.txt. A failing step is logged
+# and the next one runs. SKIP="kernels step tests" leaves those steps out; FLAGS="--no-graphs" goes to
+# profile and replay; REPEAT (default 2) passes per profile and replay.
 set -u
-cases=()
-budget=500
+args=()
+budget=560
 while (($#)); do
-    if [[ $1 == -- ]]; then budget=$2; shift 2; else cases+=("$1"); shift; fi
+    if [[ $1 == -- ]]; then budget=$2; shift 2; else args+=("$1"); shift; fi
 done
-case_file=${cases[0]}
-schedules=("${cases[@]:1}")
 OUT=${OUT:-bench/results/runs/gpu}
 DEVICE=${DEVICE:-cuda} SHAPE=${SHAPE:-llama-2-7b}  # DEVICE=cpu SHAPE=tiny: a dry run of the flow
+REPEAT=${REPEAT:-2}
+FLAGS=${FLAGS:-}
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
 # the GPU machine runs the checkout as it is (kvbound not pip-installed there): the package from the repository root
@@ -33,7 +37,7 @@ left() { echo $((budget - ($(date +%s) - start))); }
 step() {  # step NAME LIMIT COMMAND...: run COMMAND for at most min(LIMIT, time left)
     local name=$1 limit=$2
     shift 2
-    if [[ " ${SKIP:-} " == *" $name "* ]]; then
+    if [[ " ${SKIP:-} " == *" ${name%% *} "* ]]; then
         echo "=== $name: skipped (SKIP)" | tee -a "$log"
         return 1
     fi
@@ -51,20 +55,36 @@ step() {  # step NAME LIMIT COMMAND...: run COMMAND for at most min(LIMIT, time 
     return $rc
 }
 
+tuned() {  # the tuned-settings file of this GPU
+    $PY -c "import torch; from kvbound.kernels.tuning import tuned_path; print(tuned_path(torch.cuda.get_device_name()))"
+}
+
 step environment 30 bash -c "nvidia-smi; $PY -c 'import torch, triton, numpy, scipy; print(torch.__version__, triton.__version__, numpy.__version__, scipy.__version__, torch.cuda.get_device_name())'"
-step decode-step 100 $PY bench/bench_step.py && cp bench/results/step.md "$OUT/"
-step kernels 60 $PY bench/bench_kernels.py && cp bench/results/kernels.md "$OUT/"
-step profile 120 $PY -m kvbound.cli profile --device $DEVICE --shape $SHAPE --repeat 3 ${FLAGS:-} --out "$OUT/profile.csv"
+if [[ $DEVICE == cuda ]]; then
+    step kernels 150 $PY bench/bench_kernels.py --tune && cp bench/results/kernels.md "$OUT/" && cp "$(tuned)" "$OUT/tuned.json"
+    if ! step "checks (kernels, graphs on CUDA)" 120 bash -c "$PY -m pytest -q -p no:cacheprovider tests/test_kernels.py tests/test_engine_prepare.py > '$OUT/checks.txt' 2>&1; rc=\$?; tail -5 '$OUT/checks.txt'; exit \$rc"; then
+        if grep -q "FAILED.*piecewise" "$OUT/checks.txt"; then
+            FLAGS="$FLAGS --piecewise-tokens 0"
+            echo "=== the piecewise graphs failed their check: the rest runs without them ($FLAGS)" | tee -a "$log"
+        fi
+    fi
+fi
+step profile 150 $PY -m kvbound.cli profile --device $DEVICE --shape $SHAPE --repeat $REPEAT $FLAGS --out "$OUT/profile.csv"
 step calibrate 30 $PY -m kvbound.cli calibrate "$OUT/profile.csv" --out "$OUT/cost.toml"
-for schedule in "${schedules[@]}"; do
-    name=$(basename "$schedule" .json)
-    if step "replay $name" 80 bash -c "$PY -m kvbound.cli replay '$case_file' '$schedule' --device $DEVICE --shape $SHAPE --repeat 3 ${FLAGS:-} --cost '$OUT/cost.toml' --json > '$OUT/replay_$name.tmp'"; then
+case_file=
+for arg in "${args[@]}"; do
+    if [[ $arg == *.toml ]]; then case_file=$arg; continue; fi
+    name=$(basename "$case_file" .toml)/$(basename "$arg" .json)
+    if step "replay $name" ${REPLAY_LIMIT:-110} bash -c "$PY -m kvbound.cli replay '$case_file' '$arg' --device $DEVICE --shape $SHAPE --repeat $REPEAT $FLAGS --cost '$OUT/cost.toml' --profile '$OUT/profile.csv' --json > '$OUT/replay.tmp'"; then
         # one line per schedule in replays.jsonl, with its name; its summary on the terminal and in the log
         $PY -c "import json, sys; d = json.load(open(sys.argv[1])); d['schedule'] = sys.argv[2]
-open(sys.argv[3], 'a').write(json.dumps(d) + '\n'); print({k: d[k] for k in list(d)[:8]})" \
-            "$OUT/replay_$name.tmp" "$name" "$OUT/replays.jsonl" | tee -a "$log"
+open(sys.argv[3], 'a').write(json.dumps(d) + '\n'); print({k: d[k] for k in list(d)[:8] + ['paths', 'profile_coverage']})" \
+            "$OUT/replay.tmp" "$name" "$OUT/replays.jsonl" | tee -a "$log"
     fi
-    rm -f "$OUT/replay_$name.tmp"
+    rm -f "$OUT/replay.tmp"
 done
-step tests 150 bash -c "$PY -m pytest -q -p no:cacheprovider tests/test_kernels.py tests/test_engine_prepare.py tests/test_executor.py tests/test_executor_cli.py > '$OUT/tests.txt' 2>&1; rc=\$?; tail -5 '$OUT/tests.txt'; exit \$rc"
+if [[ $DEVICE == cuda ]]; then
+    step step 80 $PY bench/bench_step.py --requests 1 16 64 --graphs-only && cp bench/results/step.md "$OUT/"
+    step tests 150 bash -c "$PY -m pytest -q -p no:cacheprovider tests/test_executor.py tests/test_executor_cli.py > '$OUT/tests.txt' 2>&1; rc=\$?; tail -5 '$OUT/tests.txt'; exit \$rc"
+fi
 echo "=== done after $(($(date +%s) - start))s" | tee -a "$log"

@@ -28,6 +28,7 @@ can serve every request) and whose peak KV, rounded to blocks, is at most M (row
 28, 30 and 44 of the first 46 are left out). Because that is a filtered selection it lists the
 40 requests as [[requests]] (40 short entries). With it, `kvbound compare --objective
 mean_latency` reproduces the issue's figures (vLLM 51.8% to the bound, 30.9% to sjf-mc's).
+And `conv100_arr_replay.toml`, issue 36's GPU replay case with arrivals (`build_replay_case`).
 """
 from __future__ import annotations
 
@@ -93,6 +94,7 @@ def build(out: Path, traces=tuple(TRACES), sizes=SIZES) -> list[Path]:
                     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
                     written.append(path)
     written.append(build_issue_case(out))
+    written.append(build_replay_case(out))
     return written
 
 
@@ -107,6 +109,30 @@ def build_issue_case(out: Path, n: int = 40, m: int = 4096) -> Path:
     for _, r in keep:
         lines += ["[[requests]]", f"prompt = {r.prompt}", f"output = {r.output}"]
     path = out / f"{ISSUE_CASE}.toml"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+REPLAY_CASE = "conv100_arr_replay"
+
+
+def build_replay_case(out: Path, n: int = 100, m: int = 8192, rate: float = 10.0) -> Path:
+    """Issue 36's 100-request case with arrivals for GPU replay: the first n rows of splitwise_conv.csv
+    whose prompt plus output fits P (so that vLLM, which does not chunk, may refill any of them),
+    at their trace times shifted to start at 0 and divided by `rate` (at the trace's own rate the
+    schedules run ~7,400 mostly one-request batches over 47 s; at 10x, ~2,600 with requests
+    overlapping), listed in the file (the GPU machine has no traces)."""
+    rows = load_trace(TRACES_DIR / "splitwise_conv.csv", limit=400)
+    keep = [r for r in rows if r.prompt + r.output - 1 <= C][:n]
+    first = keep[0].arrival
+    desc = (f"Issue 36's replay case with arrivals: the first {n} rows of splitwise_conv.csv with prompt + output - 1 "
+            f"<= P = {C}, at {rate:g}x the trace's rate (its arrival times shifted to start at 0, divided by {rate:g}); "
+            f"M = {m}, C = P = {C}, block {BLOCK}, "
+            f"preset {PRESET}. Built by bench/real_cases.py.")
+    lines = _header(REPLAY_CASE, desc, m)
+    for r in keep:
+        lines += ["[[requests]]", f"prompt = {r.prompt}", f"output = {r.output}", f"arrival = {(r.arrival - first) / rate:.6f}"]
+    path = out / f"{REPLAY_CASE}.toml"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
 

@@ -182,6 +182,28 @@ def test_graph_replay_gives_the_eager_logits_on_cuda():
             torch.testing.assert_close(g[seq_id], e[seq_id], atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device; not a hidden failure: "
+                    "the piecewise path is tested on CPU with replayed pieces (test_executor)")
+def test_piecewise_graph_replay_gives_the_eager_logits_on_cuda():
+    pytest.importorskip("triton")
+    outputs = []
+    for graphs in (True, False):
+        executor = Executor.build(SHAPE, device="cuda", block_size=BLOCK, max_tokens=96, max_sequences=5,
+                                  max_seq_len=40, graphs=graphs)
+        executor.warm_up(rounds=1)
+        seqs = _cached_sequences(executor)  # their prefill runs piecewise where graphed
+        rng = np.random.default_rng(1)
+        new = Sequence(3, rng.integers(SHAPE.vocab, size=30).tolist(), 30, 4)
+        steps = [executor.step([(s, 1) for s in seqs] + [(new, 10)], keep_logits=True),
+                 executor.step([(s, 1) for s in seqs] + [(new, 20)], keep_logits=True)]
+        outputs.append([out.logits for out in steps])
+        if graphs:
+            assert executor.runner.pieces.captured[:2] == [16, 32]
+    for g, e in zip(*outputs):
+        for seq_id in g:
+            torch.testing.assert_close(g[seq_id], e[seq_id], atol=2e-2, rtol=2e-2)
+
+
 def test_replay_of_tiny_reports_preparation_apart_with_the_same_features():
     inst = kvbound.load_case("cases/replay_tiny.toml")
     schedule = run_scheduler(inst, "sarathi").schedule

@@ -19,7 +19,7 @@ from kvbound.schedulers import run_scheduler
 from .conftest import REPO
 
 REPLAY_KEYS = ["device", "shape", "batches", "predicted_total", "measured_total", "total_relative_error",
-               "mean_batch_relative_error", "max_batch_relative_error", "per_batch", "prepare_total"]
+               "mean_batch_relative_error", "max_batch_relative_error", "per_batch", "prepare_total", "paths"]
 FAST = ("--layers", "1", "--repeat", "1")
 try:
     import torch  # noqa: F401
@@ -167,6 +167,31 @@ def test_replay_json_contract(cli, tmp_path, schedule_file):
     assert data["max_batch_relative_error"] == pytest.approx(rel.max())
     assert data["total_relative_error"] == pytest.approx(abs(predicted.sum() - measured.sum()) / measured.sum())
     assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
+    # each batch's features are the semantics' (validate), and on CPU every batch runs eagerly
+    nonempty = [j for j, b in enumerate(load_schedule(schedule_file).batches) if b.tokens]
+    np.testing.assert_array_equal([b["features"] for b in data["per_batch"]], replay.batch_features[nonempty])
+    assert data["paths"] == {"eager": len(nonempty)} and {b["path"] for b in data["per_batch"]} == {"eager"}
+
+
+@needs_torch
+def test_replay_reports_how_much_of_it_the_profile_covers(cli, tmp_path, schedule_file):
+    case = REPO / "cases" / "evict_better.toml"
+    replay = __import__("kvbound").validate(load_case(case), load_schedule(schedule_file))
+    features = replay.batch_features[[j for j, b in enumerate(load_schedule(schedule_file).batches) if b.tokens]]
+    # a profile spanning exactly the decode-only batches' ranges and nothing with a prefill
+    decode = features[features[:, 5] == 0]
+    rows = [*decode.min(axis=0), 0.01], [*decode.max(axis=0), 0.02]
+    header = ",".join((*FEATURE_COLUMNS, TIME_COLUMN))
+    profile = tmp_path / "p.csv"
+    profile.write_text(header + "\n" + "\n".join(",".join(map(str, r)) for r in rows * 6) + "\n")
+    rc, out, err = cli("replay", case, schedule_file, "--device", "cpu", "--shape", "tiny", *FAST, "--json",
+                       "--profile", profile)
+    assert rc == 0, err
+    coverage = json.loads(out)["profile_coverage"]
+    with_prefill = int((features[:, 5] > 0).sum())
+    assert 0 < with_prefill < len(features)
+    assert coverage["covered"] == pytest.approx(1 - with_prefill / len(features))
+    assert coverage["outside"]["prefill_requests"] == with_prefill
 
 
 @needs_torch

@@ -16,6 +16,8 @@ if not CUDA:  # must be set before kvbound.kernels.triton_ops is imported (trito
 pytest.importorskip("triton", reason="the executor extra (triton) is not installed")
 
 from kvbound.kernels import PagedBatch, backend  # noqa: E402
+from kvbound.kernels.layout import KV_LAYOUTS, new_pool  # noqa: E402
+from kvbound.kernels.tuning import DecodeConfig  # noqa: E402
 
 DEVICE = "cuda" if CUDA else "cpu"
 DTYPE = torch.float16 if CUDA else torch.float32
@@ -38,7 +40,13 @@ def test_the_triton_interpreter_can_run_the_kernels():
                                        "bounds; install the executor extra again (it asks for the fixed triton)")
 
 
-def _paged(seq_lens, query_lens, block_size, heads, kv_heads, dim, seed):
+def _in_layout(pool: torch.Tensor, layout: str) -> torch.Tensor:
+    """The same pool values in the memory layout `layout`."""
+    out = new_pool(*pool.shape, layout=layout, dtype=pool.dtype, device=pool.device)
+    return out.copy_(pool)
+
+
+def _paged(seq_lens, query_lens, block_size, heads, kv_heads, dim, seed, layout="NHD"):
     """A pool holding random KV for the given requests in shuffled blocks; every other slot is NaN."""
     gen = torch.Generator().manual_seed(seed)
     blocks_per_seq = [-(-n // block_size) for n in seq_lens]
@@ -60,31 +68,49 @@ def _paged(seq_lens, query_lens, block_size, heads, kv_heads, dim, seed):
     ql = torch.tensor(query_lens, dtype=torch.int32)
     batch = PagedBatch(tables.to(DEVICE), torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE), ql.to(DEVICE),
                        (ql.cumsum(0) - ql).int().to(DEVICE), max(query_lens), block_size)
-    return q.to(DEVICE, DTYPE), k_cache.to(DEVICE, DTYPE), v_cache.to(DEVICE, DTYPE), batch
+    return (q.to(DEVICE, DTYPE), _in_layout(k_cache.to(DEVICE, DTYPE), layout), _in_layout(v_cache.to(DEVICE, DTYPE), layout),
+            batch)
 
 
 HEADS = [(4, 2, 16), (2, 2, 32), (8, 1, 16)]  # (heads, kv_heads, head_dim): GQA, MHA, MQA
 
 
 @pytest.mark.parametrize("heads,kv_heads,dim", HEADS)
-@pytest.mark.parametrize("block_size", [1, 3, 16])
-def test_decode_attention_matches_reference(heads, kv_heads, dim, block_size):
+@pytest.mark.parametrize("block_size,layout", [(1, "NHD"), (3, "HND"), (16, "NHD"), (16, "HND")])
+def test_decode_attention_matches_reference(heads, kv_heads, dim, block_size, layout):
     seq_lens = [1, 5, 70, 16, 33]  # 70 spans two key tiles
-    q, k_cache, v_cache, batch = _paged(seq_lens, [1] * len(seq_lens), block_size, heads, kv_heads, dim, seed=block_size)
+    q, k_cache, v_cache, batch = _paged(seq_lens, [1] * len(seq_lens), block_size, heads, kv_heads, dim,
+                                        seed=block_size, layout=layout)
     expected = REF.decode_attention(q.cpu().float(), k_cache.cpu().float(), v_cache.cpu().float(), _cpu(batch))
     out = torch.full_like(q, float("nan"))
     TRITON.decode_attention(q, k_cache, v_cache, batch, out)
     torch.testing.assert_close(out.cpu().float(), expected, **TOL)
 
 
+@pytest.mark.parametrize("config", [DecodeConfig(tile_n=16, heads_first=True), DecodeConfig(tile_n=128, num_warps=8),
+                                    DecodeConfig(tile_n=32, num_stages=1, heads_first=True)])
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_decode_attention_launch_settings_change_nothing(config, num_splits):
+    """Tuning (bench_kernels.py --tune) may pick any tile, warps, stages and program order: same values."""
+    seq_lens = [1, 200, 70, 129]
+    q, k_cache, v_cache, batch = _paged(seq_lens, [1] * len(seq_lens), 16, 4, 2, 16, seed=7, layout="HND")
+    expected = REF.decode_attention(q.cpu().float(), k_cache.cpu().float(), v_cache.cpu().float(), _cpu(batch))
+    split = PagedBatch(*(getattr(batch, f) for f in ("block_tables", "seq_lens", "query_lens", "query_starts",
+                                                     "max_query_len", "block_size")), num_splits=num_splits)
+    out = torch.full_like(q, float("nan"))
+    TRITON.decode_attention(q, k_cache, v_cache, split, out, config=config)
+    torch.testing.assert_close(out.cpu().float(), expected, **TOL)
+
+
 @pytest.mark.parametrize("heads,kv_heads,dim", HEADS)
-@pytest.mark.parametrize("block_size", [1, 4, 16])
-def test_prefill_attention_matches_reference(heads, kv_heads, dim, block_size):
+@pytest.mark.parametrize("block_size,layout", [(1, "NHD"), (4, "HND"), (16, "NHD"), (16, "HND")])
+def test_prefill_attention_matches_reference(heads, kv_heads, dim, block_size, layout):
     # (m cached + c chunk): a first prefill, a chunk after a prefix, a 1-token chunk,
     # a chunk of 70 rows (two query tiles) after 9 cached tokens
     cached, chunks = [0, 21, 6, 9], [13, 7, 1, 70]
     seq_lens = [m + c for m, c in zip(cached, chunks)]
-    q, k_cache, v_cache, batch = _paged(seq_lens, chunks, block_size, heads, kv_heads, dim, seed=10 + block_size)
+    q, k_cache, v_cache, batch = _paged(seq_lens, chunks, block_size, heads, kv_heads, dim, seed=10 + block_size,
+                                        layout=layout)
     expected = REF.prefill_attention(q.cpu().float(), k_cache.cpu().float(), v_cache.cpu().float(), _cpu(batch))
     out = torch.full_like(q, float("nan"))
     TRITON.prefill_attention(q, k_cache, v_cache, batch, out)
@@ -105,8 +131,9 @@ def test_prefill_reference_is_plain_causal_attention():
             torch.testing.assert_close(out[i, h], w @ v[:6 + i])
 
 
+@pytest.mark.parametrize("layout", KV_LAYOUTS)
 @pytest.mark.parametrize("block_size", [1, 5, 16])
-def test_write_kv_writes_exactly_the_mapped_slots(block_size):
+def test_write_kv_writes_exactly_the_mapped_slots(block_size, layout):
     gen = torch.Generator().manual_seed(block_size)
     num_blocks, kv_heads, dim, tokens = 6, 2, 16, 11
     pool = (num_blocks, block_size, kv_heads, dim)
@@ -116,8 +143,8 @@ def test_write_kv_writes_exactly_the_mapped_slots(block_size):
     key, value = fused[:, 0].contiguous(), fused[:, 2]
     results = []
     for ops, device, dtype in ((REF, "cpu", torch.float32), (TRITON, DEVICE, DTYPE)):
-        k_cache = torch.full(pool, float("nan"), device=device, dtype=dtype)
-        v_cache = torch.full(pool, float("nan"), device=device, dtype=dtype)
+        k_cache = _in_layout(torch.full(pool, float("nan"), device=device, dtype=dtype), layout)
+        v_cache = _in_layout(torch.full(pool, float("nan"), device=device, dtype=dtype), layout)
         ops.write_kv(key.to(device, dtype), value.to(device, dtype), k_cache, v_cache, slots.to(device))
         results.append((k_cache.cpu().float(), v_cache.cpu().float()))
     (k_ref, v_ref), (k_tri, v_tri) = results

@@ -6,10 +6,9 @@ extra, and these commands say how to install it when it is missing.
 from __future__ import annotations
 
 import argparse
-
 import json
 import os
-import sys
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -61,6 +60,8 @@ def register(sub) -> None:
     p.add_argument("schedule", help="schedule JSON (from solve/simulate --out)")
     _executor_options(p, shape_required=False)
     p.add_argument("--cost", help="TOML file with a [cost] table (e.g. from calibrate); default: the case's own")
+    p.add_argument("--profile", help="the profile CSV the cost was fitted to: report the share of batches whose "
+                                     "features lie within its ranges (profile_coverage)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--plot", help="write a PNG of predicted vs measured batch times here")
     p.set_defaults(func=cmd_replay)
@@ -80,8 +81,18 @@ def _executor_options(p, *, shape_required: bool) -> None:
                         "number to profile and to replay)")
     p.add_argument("--seed", type=seed, default=0, help="seed of the weights and token ids (0 to 2^32 - 1)")
     p.add_argument("--no-graphs", action="store_true",
-                   help="run decode-only batches eagerly too (on cuda they replay captured CUDA graphs by default); "
-                        "use the same setting to profile and to replay")
+                   help="run every batch eagerly (on cuda decode-only batches replay captured CUDA graphs by default, "
+                        "and mixed ones piecewise graphs); use the same setting to profile and to replay")
+    p.add_argument("--piecewise-tokens", type=nonneg_int, default=None, metavar="N",
+                   help="on cuda, mixed and prefill batches of up to N tokens run as piecewise CUDA graphs, larger "
+                        "ones eagerly (default 1024; 0: all eagerly); use the same setting to profile and to replay")
+
+
+def nonneg_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
 
 
 def _torch(device: str):
@@ -117,7 +128,7 @@ def cmd_profile(args) -> int:
     executor = Executor.build(shape, device=args.device, max_tokens=max(p.kv_tokens for p in points),
                               max_sequences=max(p.prefill_requests + p.decode_requests for p in points),
                               max_seq_len=max(p.max_seq_len for p in points), seed=args.seed,
-                              graphs=False if args.no_graphs else None)
+                              graphs=False if args.no_graphs else None, piecewise_tokens=args.piecewise_tokens)
     executor.warm_up()
     rows = run_profile(executor, points, repeat=args.repeat, seed=args.seed)
     write_profile_csv(out, rows)
@@ -213,13 +224,15 @@ def cmd_replay(args) -> int:
     except ScheduleError as exc:
         raise InputError(args.schedule, "", f"invalid schedule for {args.case}: {exc}") from None
     cost = load_cost_file(args.cost) if args.cost else instance.cost
+    from ..costs.calibrate import profile_coverage, read_profile
+    profile = read_profile(args.profile)[0] if args.profile else None
     shape = _shape(args)
     torch = _torch(args.device)
     from ..engine_bridge.executor import Executor
 
     torch.set_num_threads(args.threads)
     executor = Executor.for_instance(instance, shape, device=args.device, seed=args.seed,
-                                     graphs=False if args.no_graphs else None)
+                                     graphs=False if args.no_graphs else None, piecewise_tokens=args.piecewise_tokens)
     executor.warm_up()
     from tqdm import tqdm
     with tqdm(total=args.repeat * len(schedule.batches), desc="replay", unit="batch", disable=None) as bar:
@@ -236,10 +249,15 @@ def cmd_replay(args) -> int:
         "total_relative_error": float(abs(predicted.sum() - measured.sum()) / measured.sum()) if len(measured) else 0.0,
         "mean_batch_relative_error": float(rel.mean()) if len(rel) else 0.0,
         "max_batch_relative_error": float(rel.max()) if len(rel) else 0.0,
-        "per_batch": [{"predicted": float(p), "measured": float(m), "prepare": float(h)}
-                      for p, m, h in zip(predicted, measured, result.prepare_seconds)],
+        "per_batch": [{"predicted": float(p), "measured": float(m), "prepare": float(h), "path": path,
+                       "decode_requests": d, "features": f.tolist()}
+                      for p, m, h, path, d, f in zip(predicted, measured, result.prepare_seconds, result.paths,
+                                                     result.decode_requests, result.features)],
         "prepare_total": float(result.prepare_seconds.sum()),  # host preparation, in neither total above
+        "paths": dict(Counter(result.paths)),
     }
+    if profile is not None:
+        summary["profile_coverage"] = profile_coverage(profile, result.features)
     if args.json:
         print(json.dumps(summary))
     else:

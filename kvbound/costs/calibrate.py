@@ -208,3 +208,29 @@ def cost_toml(cost: CostModel, comment: str) -> str:
     """A `[cost]` table usable in a case file (and by `kvbound replay --cost`), with a comment on top."""
     lines = [f"# {line}" for line in comment.splitlines()]
     return "\n".join(lines) + "\n" + cost.to_toml()
+
+
+def profile_coverage(profile: np.ndarray, batches: np.ndarray) -> dict:
+    """How well a profile's batches (feature rows, FEATURE_COLUMNS order) cover the batches of a
+    replay: a batch is covered when each of its features lies within the range the profile spans
+    for batches of its kind (decode-only, or with a prefill-type request), so the fit interpolates
+    it rather than extrapolates. `{"covered": share, "outside": {feature: batches outside}}`."""
+    prefill = FEATURE_COLUMNS.index("prefill_requests")
+    inside = np.zeros(len(batches), dtype=bool)
+    outside = {name: 0 for name in FEATURE_COLUMNS}
+    for kind in (False, True):
+        rows, mine = profile[(profile[:, prefill] > 0) == kind], (batches[:, prefill] > 0) == kind
+        if not mine.any():
+            continue
+        if not len(rows):
+            inside[mine] = False
+            for name in FEATURE_COLUMNS:
+                outside[name] += int(mine.sum())
+            continue
+        low, high = rows.min(axis=0), rows.max(axis=0)
+        within = (batches[mine] >= low) & (batches[mine] <= high)
+        inside[mine] = within.all(axis=1)
+        for j, name in enumerate(FEATURE_COLUMNS):
+            outside[name] += int((~within[:, j]).sum())
+    return {"covered": float(inside.mean()) if len(batches) else 1.0,
+            "outside": {name: n for name, n in outside.items() if n}}

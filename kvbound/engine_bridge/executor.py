@@ -43,6 +43,7 @@ class ReplayResult:
     measured: np.ndarray  # seconds: the model run (GPU time on CUDA), what the cost model predicts
     # host seconds preparing each batch (block allocation, input arrays, upload), not in `measured`
     prepare_seconds: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    paths: list[str] = field(default_factory=list)  # how each ran: "graph", "pieces" or "eager" (runner.PreparedBatch)
 
     def predicted(self, cost: CostModel) -> np.ndarray:
         return cost.predict(self.features)
@@ -53,6 +54,7 @@ class StepOutput:
     seconds: float  # model execution time of the batch (0 for a batch that processes nothing)
     logits: dict[int, torch.Tensor] | None = None  # with keep_logits: each sequence's [c, vocab] logits
     prepare_seconds: float = 0.0  # host time preparing the batch, not in `seconds`
+    path: str = ""  # how the batch ran (runner.PreparedBatch.path); "" for one that processes nothing
 
 
 class Executor:
@@ -64,23 +66,26 @@ class Executor:
     @classmethod
     def build(cls, shape: ModelShape, *, device: str = "cpu", block_size: int = DEFAULT_BLOCK_SIZE,
               max_tokens: int, max_sequences: int, max_seq_len: int, max_batch_tokens: int | None = None,
-              kernels: str | None = None, graphs: bool | None = None, seed: int = 0) -> "Executor":
+              kernels: str | None = None, graphs: bool | None = None, piecewise_tokens: int | None = None,
+              seed: int = 0) -> "Executor":
         """An executor whose pool holds `max_tokens` KV tokens of up to `max_sequences` sequences at
         once, each of up to `max_seq_len` tokens, running batches of up to `max_batch_tokens`
         tokens (default `max_tokens`: a batch's tokens are cached after it). Each sequence may
         leave its last block partly empty, hence one spare block per sequence, plus the warm-up's.
-        `graphs`: capture decode-only batches as CUDA graphs (default: on CUDA with the Triton kernels)."""
+        `graphs`: capture decode-only batches as CUDA graphs and mixed ones of up to `piecewise_tokens`
+        tokens (default runner.PIECEWISE_MAX_TOKENS) as piecewise graphs (default: on CUDA with the Triton kernels)."""
         num_blocks = block_count(max_tokens, block_size) + max_sequences + _WARMUP_BLOCKS
         table_width = max(block_count(max_seq_len, block_size), _WARMUP_BLOCKS)
         batch_tokens = max(max_tokens if max_batch_tokens is None else max_batch_tokens, _warmup_tokens(block_size))
         runner = ModelRunner(shape, device=device, kernels=kernels, num_blocks=num_blocks, block_size=block_size,
                              table_width=table_width, max_batch_tokens=batch_tokens,
-                             max_batch_requests=max(max_sequences, 2), graphs=graphs, seed=seed)
+                             max_batch_requests=max(max_sequences, 2), graphs=graphs, piecewise_tokens=piecewise_tokens,
+                             seed=seed)
         return cls(runner, BlockManager(num_blocks, block_size))
 
     @classmethod
     def for_instance(cls, instance: Instance, shape: ModelShape, *, device: str = "cpu", kernels: str | None = None,
-                     graphs: bool | None = None, seed: int = 0) -> "Executor":
+                     graphs: bool | None = None, piecewise_tokens: int | None = None, seed: int = 0) -> "Executor":
         """Sized for any valid schedule of `instance`: at most M KV tokens at once (the M rule),
         KV blocks of the case's block size (or DEFAULT_BLOCK_SIZE where that is 1)."""
         system = instance.system
@@ -88,7 +93,7 @@ class Executor:
                          max_tokens=system.kv_capacity, max_sequences=len(instance.requests),
                          max_seq_len=max(r.prompt + r.output - 1 for r in instance.requests),
                          max_batch_tokens=min(system.max_batch_tokens, system.kv_capacity), kernels=kernels,
-                         graphs=graphs, seed=seed)
+                         graphs=graphs, piecewise_tokens=piecewise_tokens, seed=seed)
 
     # ------------------------------------------------------------------ one batch
 
@@ -129,11 +134,11 @@ class Executor:
                 self.blocks.free(seq)
                 seq.cached = 0
         if not keep_logits:
-            return StepOutput(self.timer.seconds, prepare_seconds=self.prepare_timer.seconds)
+            return StepOutput(self.timer.seconds, prepare_seconds=self.prepare_timer.seconds, path=prepared.path)
         bounds = np.concatenate([[0], last_rows + 1])
         return StepOutput(self.timer.seconds,
                           {seq.id: logits[bounds[k]:bounds[k + 1]] for k, (seq, _) in enumerate(work)},
-                          self.prepare_timer.seconds)
+                          self.prepare_timer.seconds, prepared.path)
 
     def warm_up(self, rounds: int = _WARMUP_ROUNDS) -> None:
         """Run a few small prefill, decode and mixed batches (allocations, kernel compilation), then
@@ -164,7 +169,7 @@ class Executor:
         first = runs[0]
         return ReplayResult(first.batch_index, first.decode_requests, first.features,
                             np.min([r.measured for r in runs], axis=0),
-                            np.min([r.prepare_seconds for r in runs], axis=0))
+                            np.min([r.prepare_seconds for r in runs], axis=0), first.paths)
 
     def _replay_once(self, instance: Instance, schedule: Schedule, seed: int,
                      on_batch: Callable[[int], None] | None) -> ReplayResult:
@@ -173,7 +178,7 @@ class Executor:
         seqs = [Sequence(i, rng.integers(vocab, size=r.prompt).tolist(), r.prompt, r.output)
                 for i, r in enumerate(instance.requests)]
         state = ReplayState(instance)
-        index, decode, features, measured, prepare = [], [], [], [], []
+        index, decode, features, measured, prepare, paths = [], [], [], [], [], []
         for j, batch in enumerate(schedule.batches):
             evict = [seqs[i] for i in batch.evict]
             work = [(seqs[i], c) for i, c in batch.tokens.items()]
@@ -184,6 +189,7 @@ class Executor:
                 out = self.step(work, evict)
                 measured.append(out.seconds)
                 prepare.append(out.prepare_seconds)
+                paths.append(out.path)
             else:  # evictions only: no work, and no time under the cost model
                 self.step([], evict)
             state.apply(batch)
@@ -193,7 +199,8 @@ class Executor:
         if self.blocks.num_free != self.blocks.num_blocks:
             raise AssertionError(f"{self.blocks.num_blocks - self.blocks.num_free} KV blocks still held after the "
                                  "last batch")
-        return ReplayResult(index, decode, np.array(features).reshape(-1, len(FEATURES)), np.array(measured), np.array(prepare))
+        return ReplayResult(index, decode, np.array(features).reshape(-1, len(FEATURES)), np.array(measured),
+                            np.array(prepare), paths)
 
 
 def _check_against_semantics(j: int, state: ReplayState, seqs: list[Sequence], touched: list[Sequence],

@@ -50,25 +50,32 @@ class Attention(nn.Module):
         self.qkv_proj = nn.Linear(shape.hidden, (shape.heads + 2 * shape.kv_heads) * shape.head_dim, bias=False)
         self.o_proj = nn.Linear(shape.heads * shape.head_dim, shape.hidden, bias=False)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], ctx: ForwardContext | None,
-                ops: ModuleType):
+    def project(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], ops: ModuleType,
+                out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v `[T, heads or kv_heads, head_dim]`, rotated: views of one projection (into `out`, `[T,
+        (heads + 2 kv_heads) head_dim]`, when given)."""
         tokens = x.shape[0]
-        # views of the one projection, rotated there in place
-        q, k, v = self.qkv_proj(x).view(tokens, self.heads + 2 * self.kv_heads, self.head_dim).split(
+        qkv = self.qkv_proj(x) if out is None else torch.matmul(x, self.qkv_proj.weight.t(), out=out)
+        q, k, v = qkv.view(tokens, self.heads + 2 * self.kv_heads, self.head_dim).split(
             [self.heads, self.kv_heads, self.kv_heads], dim=1)
         ops.rotary_(q, k, *rope)
+        return q, k, v
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: ForwardContext | None,
+               out: torch.Tensor) -> torch.Tensor:
+        """Attention of the batch's tokens into `out` (shaped like q): the paged kernels, or without a
+        context one plain causal pass over a single sequence."""
         if ctx is None:  # one sequence, no cache
-            out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
-                                                 is_causal=True, enable_gqa=True).transpose(0, 1)
-        else:
-            k_cache, v_cache = ctx.kv_caches[self.layer]
-            ctx.ops.write_kv(k, v, k_cache, v_cache, ctx.slot_mapping)
-            out = torch.empty_like(q)
-            if ctx.decode is not None:
-                ctx.ops.decode_attention(q[:ctx.num_decode], k_cache, v_cache, ctx.decode, out[:ctx.num_decode])
-            if ctx.prefill is not None:
-                ctx.ops.prefill_attention(q[ctx.num_decode:], k_cache, v_cache, ctx.prefill, out[ctx.num_decode:])
-        return self.o_proj(out.reshape(tokens, -1))
+            return out.copy_(F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+                                                            is_causal=True, enable_gqa=True).transpose(0, 1))
+        k_cache, v_cache = ctx.kv_caches[self.layer]
+        tokens = ctx.slot_mapping.shape[0]  # rows past it (a padded piecewise batch) are not attended
+        ctx.ops.write_kv(k[:tokens], v[:tokens], k_cache, v_cache, ctx.slot_mapping)
+        if ctx.decode is not None:
+            ctx.ops.decode_attention(q[:ctx.num_decode], k_cache, v_cache, ctx.decode, out[:ctx.num_decode])
+        if ctx.prefill is not None:
+            ctx.ops.prefill_attention(q[ctx.num_decode:tokens], k_cache, v_cache, ctx.prefill, out[ctx.num_decode:tokens])
+        return out
 
 
 class MLP(nn.Module):
@@ -83,7 +90,18 @@ class MLP(nn.Module):
         return self.down_proj(ops.silu_mul(self.gate_up_proj(x)))
 
 
+def into(dest: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """`dest` holding `value`: a copy unless an in-place kernel already wrote it there (the Triton
+    add + RMSNorm updates the residual in place; its PyTorch twin returns a new tensor)."""
+    if value.data_ptr() != dest.data_ptr():
+        dest.copy_(value)
+    return dest
+
+
 class DecoderLayer(nn.Module):
+    """A pre-norm decoder layer in two halves around attention, so that the piecewise CUDA graphs
+    (piecewise.py) replay the halves and run attention between them."""
+
     def __init__(self, shape: ModelShape, layer: int):
         super().__init__()
         self.input_norm = nn.RMSNorm(shape.hidden, eps=shape.norm_eps)
@@ -91,17 +109,28 @@ class DecoderLayer(nn.Module):
         self.post_attention_norm = nn.RMSNorm(shape.hidden, eps=shape.norm_eps)
         self.mlp = MLP(shape)
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, rope, ctx: ForwardContext | None,
-                ops: ModuleType) -> tuple[torch.Tensor, torch.Tensor]:
-        """(this layer's MLP output, the residual stream before it); their sum is the layer's output.
-        The addition is left to the next layer's fused add + RMSNorm."""
+    def before_attention(self, x: torch.Tensor, residual: torch.Tensor | None, rope, ops: ModuleType,
+                         qkv_out: torch.Tensor | None = None):
+        """(q, k, v, residual stream): `x` is the previous layer's MLP output (the embeddings at the
+        first layer, `residual` None), added to the residual stream by the fused add + RMSNorm."""
         if residual is None:
             residual, h = x, ops.rms_norm(x, self.input_norm.weight, self.input_norm.eps)
         else:
             h, residual = ops.add_rms_norm(x, residual, self.input_norm.weight, self.input_norm.eps)
-        h = self.attn(h, rope, ctx, ops)
+        return (*self.attn.project(h, rope, ops, qkv_out), residual)
+
+    def after_attention(self, attn_out: torch.Tensor, residual: torch.Tensor,
+                        ops: ModuleType) -> tuple[torch.Tensor, torch.Tensor]:
+        """(this layer's MLP output, the residual stream before it); their sum is the layer's output.
+        The addition is left to the next layer's fused add + RMSNorm."""
+        h = self.attn.o_proj(attn_out.reshape(attn_out.shape[0], -1))
         h, residual = ops.add_rms_norm(h, residual, self.post_attention_norm.weight, self.post_attention_norm.eps)
         return self.mlp(h, ops), residual
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, rope, ctx: ForwardContext | None,
+                ops: ModuleType) -> tuple[torch.Tensor, torch.Tensor]:
+        q, k, v, residual = self.before_attention(x, residual, rope, ops)
+        return self.after_attention(self.attn.attend(q, k, v, ctx, torch.empty_like(q)), residual, ops)
 
 
 class LlamaModel(nn.Module):

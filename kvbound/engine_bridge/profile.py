@@ -43,13 +43,14 @@ COMPOSITION_COLUMNS = ("prefill_requests", "chunk", "prefill_cached", "decode_re
 PREPARE_COLUMN = "prepare_seconds"  # host preparation of the timed run; after `seconds`, not in it
 
 # (prefill requests, chunks, prefill cached, decode requests, decode cached); sized so that the
-# features span what schedules of the shipped cases produce on each device's shape. On CUDA mixed and
-# prefill batches hold 1-2 prefill-type requests, as in schedules (93 of the 103 such batches of the
-# 40-request conversation case's solve, sarathi and vllm schedules): an eager batch's fixed cost does
-# not grow with them, and with 4 and 8 in the grid the fit moved it where few real batches are
+# features span what schedules of the shipped cases produce on each device's shape. On CUDA the
+# mixed and prefill batches hold 1-8 prefill-type requests: schedules put 1-2 in most of them but up
+# to 8 in some (vLLM's prefill batches), and since they run as piecewise graphs their fixed cost is
+# the decode graphs' (while they ran eagerly, 4 and 8 in the grid pulled the per-request term to
+# where the eager fixed cost was: bench/results/replay_cuda.md)
 GRIDS = {
     "cpu": ((1, 2, 4), (1, 8, 32, 128), (0, 32, 128), (1, 2, 4, 8, 16), (16, 64, 256)),
-    "cuda": ((1, 2), (16, 128, 512, 2048), (0, 512, 2048), (1, 8, 32, 64), (128, 512, 1024)),
+    "cuda": ((1, 2, 4, 8), (16, 128, 512, 2048), (0, 512, 2048), (1, 8, 32, 64), (128, 512, 1024)),
 }
 MAX_BATCH_TOKENS = {"cpu": 512, "cuda": 4096}
 #: decode-only compositions besides the grid's (decode requests, cached tokens each, at most

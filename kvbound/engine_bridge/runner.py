@@ -1,7 +1,9 @@
 """The model runner: the model, its per-layer KV block pools, the static batch buffers, and
 the two halves of executing a batch: `prepare` (host: the batch's arrays, copied into the
-buffers) and `run` (device: the forward pass, from a captured CUDA graph for decode-only
-batches on CUDA with the Triton kernels, eagerly otherwise)."""
+buffers) and `run` (device: the forward pass). On CUDA with the Triton kernels a decode-only
+batch replays one captured CUDA graph, a mixed or prefill batch of up to PIECEWISE_MAX_TOKENS
+tokens the piecewise graphs (attention eager between them), and a larger one runs eagerly:
+its GPU work outlasts the host's launches."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -9,20 +11,35 @@ from dataclasses import dataclass
 import torch
 
 from ..kernels import backend, decode_split_count
+from ..kernels.layout import new_pool
+from ..kernels.tuning import kernel_config
 from .buffers import BatchBuffers
 from .config import ModelShape
 from .graphs import DecodeGraphs, graph_batch_sizes
 from .model import LlamaModel
+from .piecewise import PiecewiseGraphs, token_sizes
 from .prepare import HostBatch, prepare_batch
 from .sequence import Sequence
 
 
+#: mixed and prefill batches of up to this many tokens run as piecewise graphs (on an H100 an eager
+#: pass of llama-2-7b issues ~13 ms of launches; a batch of 1,024 tokens computes for longer)
+PIECEWISE_MAX_TOKENS = 1024
+
+
 @dataclass(frozen=True)
 class PreparedBatch:
-    """A batch loaded into the buffers: its host arrays and, when it runs in a graph, the graph's size."""
+    """A batch loaded into the buffers: its host arrays and, when it runs in a graph, the graph's size
+    (`graph_size`: requests of a decode graph; `piece_size`: tokens of the piecewise graphs)."""
 
     host: HostBatch
     graph_size: int | None
+    piece_size: int | None = None
+
+    @property
+    def path(self) -> str:
+        """How the batch runs: "graph" (a decode graph), "pieces" (piecewise graphs) or "eager"."""
+        return "graph" if self.graph_size is not None else "pieces" if self.piece_size is not None else "eager"
 
 
 class ModelRunner:
@@ -36,7 +53,8 @@ class ModelRunner:
 
     def __init__(self, shape: ModelShape, *, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
                  kernels: str | None = None, num_blocks: int, block_size: int, table_width: int,
-                 max_batch_tokens: int, max_batch_requests: int, graphs: bool | None = None, seed: int = 0):
+                 max_batch_tokens: int, max_batch_requests: int, graphs: bool | None = None,
+                 piecewise_tokens: int | None = None, seed: int = 0):
         self.device = torch.device(device)
         self.dtype = dtype or (torch.float16 if self.device.type == "cuda" else torch.float32)
         self.kernels = kernels or ("triton" if self.device.type == "cuda" else "torch")
@@ -44,10 +62,12 @@ class ModelRunner:
         self.shape, self.block_size, self.table_width = shape, block_size, table_width
         self.model = LlamaModel.random(shape, self.device, self.dtype, seed)
         self.dummy_block = num_blocks
+        # the pool's memory layout: the one tuned for this GPU's kernels (kernels/tuning.py)
+        on_gpu = self.device.type == "cuda" and self.kernels == "triton"
+        self.kv_layout = kernel_config(torch.cuda.get_device_name(self.device) if on_gpu else None).layout
         pool = (num_blocks + 1, block_size, shape.kv_heads, shape.head_dim)
-        # zeros, not empty: garbage in unused slots could be NaN or denormal and slow the CPU down
-        self.kv_caches = [(torch.zeros(pool, dtype=self.dtype, device=self.device),
-                           torch.zeros(pool, dtype=self.dtype, device=self.device)) for _ in range(shape.layers)]
+        self.kv_caches = [tuple(new_pool(*pool, layout=self.kv_layout, dtype=self.dtype, device=self.device)
+                                for _ in "kv") for _ in range(shape.layers)]
         self.buffers = BatchBuffers(self.device, max_tokens=max(max_batch_tokens, max_batch_requests),
                                     max_requests=max_batch_requests, table_width=table_width)
         # split-K decode only where the Triton kernel runs on a GPU whose multiprocessors it must fill
@@ -59,14 +79,21 @@ class ModelRunner:
         if graphs and (self.device.type != "cuda" or self.kernels != "triton"):
             raise ValueError("CUDA graphs need device cuda and the triton kernels")
         self.graphs = DecodeGraphs(graph_batch_sizes(max_batch_requests), self._run_decode) if graphs else None
+        piecewise_tokens = min(max_batch_tokens, PIECEWISE_MAX_TOKENS if piecewise_tokens is None else piecewise_tokens)
+        self.pieces = (PiecewiseGraphs(self.model, self.ops, token_sizes(piecewise_tokens),
+                                       lambda: self.buffers.token_ids, lambda: self.buffers.positions, self.device,
+                                       self.dtype) if graphs and piecewise_tokens > 0 else None)
 
     def capture_graphs(self) -> None:
-        """Capture the decode graphs (if enabled), on an all-dummy batch of the largest size."""
+        """Capture the decode graphs (if enabled), on an all-dummy batch of the largest size, and the
+        piecewise graphs of mixed batches."""
         if self.graphs is None or self.graphs.captured:
             return
         self.buffers.load(self._host([], 0, pad_to=self.graphs.sizes[-1]))
         with torch.inference_mode():
             self.graphs.capture()
+            if self.pieces is not None:
+                self.pieces.capture()
 
     def _host(self, work: list[tuple[Sequence, int]], num_decode: int, pad_to: int | None = None) -> HostBatch:
         return prepare_batch(work, num_decode, block_size=self.block_size, table_width=self.table_width,
@@ -76,12 +103,15 @@ class ModelRunner:
         """Build the batch that processes c tokens of each (sequence, c) in `work` (decode-type ones
         first, `num_decode` of them; blocks allocated) and load it into the buffers. A decode-only
         batch that a captured graph holds is padded to that graph's size."""
-        size = None
-        if self.graphs is not None and self.graphs.captured and num_decode == len(work):
-            size = self.graphs.size_for(len(work))
+        size = pieces = None
+        if num_decode == len(work):
+            if self.graphs is not None and self.graphs.captured:
+                size = self.graphs.size_for(len(work))
+        elif self.pieces is not None and self.pieces.captured:
+            pieces = self.pieces.size_for(sum(c for _, c in work))
         host = self._host(work, num_decode, pad_to=size)
         self.buffers.load(host)
-        return PreparedBatch(host, size)
+        return PreparedBatch(host, size, pieces)
 
     @torch.inference_mode()
     def run(self, batch: PreparedBatch) -> torch.Tensor:
@@ -91,8 +121,10 @@ class ModelRunner:
         host = batch.host
         splits = decode_split_count(host.num_decode, self.shape.kv_heads, host.max_decode_seq_len,
                                     self.multiprocessors)
-        return self.model(*self._inputs(host.num_tokens, host.num_requests, host.num_decode,
-                                        host.max_prefill_query_len, splits))
+        inputs = self._inputs(host.num_tokens, host.num_requests, host.num_decode, host.max_prefill_query_len, splits)
+        if batch.piece_size is not None:
+            return self.pieces.run(batch.piece_size, inputs[2])[:host.real_tokens]
+        return self.model(*inputs)
 
     def _inputs(self, num_tokens, num_requests, num_decode, max_prefill_query_len, decode_splits):
         return self.buffers.inputs(self.ops, self.kv_caches, self.block_size, num_tokens=num_tokens,

@@ -1,8 +1,10 @@
 """The paged KV layout shared by both kernel backends (PagedAttention, Kwon et al. 2023, Section 4).
 
-A layer's K pool (and its V pool) is a tensor `[num_blocks, block_size, kv_heads, head_dim]`.
-Viewed as `[num_blocks * block_size, kv_heads, head_dim]`, row s is one token's slot:
-slot = block * block_size + offset. A request's block table lists its blocks in sequence
+A layer's K pool (and its V pool) is a tensor `[num_blocks, block_size, kv_heads, head_dim]`;
+a token's slot is s = block * block_size + offset. Its memory is laid out in one of KV_LAYOUTS
+(`new_pool`): NHD, a token's heads side by side (the tensor is contiguous), or HND, each block a
+run of heads and each head's block_size keys contiguous (vLLM's and FlashInfer's choice for
+decode: a program walking one head reads whole runs). Kernels address the pool by its strides. A request's block table lists its blocks in sequence
 order, so its token at position p is in slot table[p // block_size] * block_size + p % block_size.
 Blocks of one request need not be contiguous or ordered in the pool; only the table is.
 """
@@ -12,6 +14,20 @@ from dataclasses import dataclass
 from functools import cached_property
 
 import torch
+
+
+KV_LAYOUTS = ("NHD", "HND")
+
+
+def new_pool(num_blocks: int, block_size: int, kv_heads: int, head_dim: int, *, layout: str = "NHD",
+             dtype=None, device=None) -> torch.Tensor:
+    """A zeroed pool `[num_blocks, block_size, kv_heads, head_dim]` whose memory is in `layout`.
+    Zeros, not empty: garbage in unused slots could be NaN or denormal and slow a CPU down."""
+    if layout == "NHD":
+        return torch.zeros(num_blocks, block_size, kv_heads, head_dim, dtype=dtype, device=device)
+    if layout == "HND":
+        return torch.zeros(num_blocks, kv_heads, block_size, head_dim, dtype=dtype, device=device).transpose(1, 2)
+    raise ValueError(f"unknown KV layout {layout!r}; known: {', '.join(KV_LAYOUTS)}")
 
 
 @dataclass(frozen=True)

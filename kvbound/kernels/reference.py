@@ -19,14 +19,20 @@ from .layout import PagedBatch
 def write_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:
     """Store the K and V rows `[T, kv_heads, head_dim]` of T new tokens at their pool slots `[T]`."""
-    k_cache.view(-1, *key.shape[1:]).index_copy_(0, slot_mapping, key)
-    v_cache.view(-1, *value.shape[1:]).index_copy_(0, slot_mapping, value)
+    for cache, rows in ((k_cache, key), (v_cache, value)):
+        if cache.is_contiguous():
+            cache.view(-1, *rows.shape[1:]).index_copy_(0, slot_mapping, rows)
+        else:  # a pool in another memory layout (layout.new_pool)
+            block_size = cache.shape[1]
+            cache[slot_mapping // block_size, slot_mapping % block_size] = rows
 
 
 def _gather(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     """Rows [len(slots), kv_heads, head_dim] of a pool. index_select over 2-D rows: on CPU it is
     several times faster than [] indexing or index_select over the 3-D view."""
     kv_heads, dim = cache.shape[2:]
+    if not cache.is_contiguous():  # a pool in another memory layout (layout.new_pool)
+        return cache[slots // cache.shape[1], slots % cache.shape[1]]
     return cache.view(-1, kv_heads * dim).index_select(0, slots).view(-1, kv_heads, dim)
 
 

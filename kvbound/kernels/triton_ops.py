@@ -16,36 +16,46 @@ import triton
 import triton.language as tl
 
 from .layout import PagedBatch
+from .tuning import DecodeConfig, kernel_config
 
 BLOCK_M = 64  # query rows per prefill program
-BLOCK_N = 64  # key positions per tile
+BLOCK_N = 64  # key positions per prefill tile (decode: DecodeConfig.tile_n)
 
 
 @triton.jit
 def _write_kv_kernel(key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, key_stride, value_stride,
-                     ROW: tl.constexpr, ROW_PAD: tl.constexpr):
+                     stride_block, stride_offset, stride_head, BLOCK_SIZE: tl.constexpr,
+                     KV_HEADS: tl.constexpr, KV_HEADS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr):
     t = tl.program_id(0)  # one program per new token
     slot = tl.load(slot_ptr + t).to(tl.int64)
-    cols = tl.arange(0, ROW_PAD)
-    mask = cols < ROW
-    key = tl.load(key_ptr + t * key_stride + cols, mask=mask)
-    tl.store(k_cache_ptr + slot * ROW + cols, key, mask=mask)
-    value = tl.load(value_ptr + t * value_stride + cols, mask=mask)
-    tl.store(v_cache_ptr + slot * ROW + cols, value, mask=mask)
+    h = tl.arange(0, KV_HEADS_PAD)
+    d = tl.arange(0, HEAD_DIM)
+    mask = (h < KV_HEADS)[:, None]
+    row = h[:, None] * HEAD_DIM + d[None, :]
+    dest = (slot // BLOCK_SIZE) * stride_block + (slot % BLOCK_SIZE) * stride_offset + h[:, None] * stride_head + d[None, :]
+    tl.store(k_cache_ptr + dest, tl.load(key_ptr + t * key_stride + row, mask=mask), mask=mask)
+    tl.store(v_cache_ptr + dest, tl.load(value_ptr + t * value_stride + row, mask=mask), mask=mask)
 
 
 @triton.jit(do_not_specialize=["table_stride", "num_splits"])
 def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, m_ptr, l_ptr, tables_ptr, seq_lens_ptr,
-                   q_stride, out_stride, table_stride, num_splits, scale,
+                   q_stride, out_stride, table_stride, num_splits, scale, stride_block, stride_offset, stride_head,
                    BLOCK_SIZE: tl.constexpr, KV_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
-                   HEAD_DIM: tl.constexpr, TILE_N: tl.constexpr, SPLIT: tl.constexpr):
+                   HEAD_DIM: tl.constexpr, TILE_N: tl.constexpr, SPLIT: tl.constexpr, HEADS_FIRST: tl.constexpr):
     # one program per (request, KV head, key range): the GROUP query heads sharing that KV head read
     # it once. Without SPLIT the range is the whole sequence and the program writes the output;
     # with SPLIT (flash-decoding) it is one of num_splits tile-aligned ranges and the program writes
     # its unnormalised sum, running max and running sum for _combine_splits_kernel.
-    r = tl.program_id(0)
-    kv_head = tl.program_id(1)
-    split = tl.program_id(2)
+    # HEADS_FIRST: consecutive programs are the KV heads of one (request, range), which read
+    # neighbouring memory when a token's heads are contiguous in the pool
+    if HEADS_FIRST:
+        kv_head = tl.program_id(0)
+        split = tl.program_id(1)
+        r = tl.program_id(2)
+    else:
+        r = tl.program_id(0)
+        kv_head = tl.program_id(1)
+        split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + r)
     if SPLIT:
         span = tl.cdiv(tl.cdiv(seq_len, num_splits), TILE_N) * TILE_N
@@ -67,7 +77,7 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, m_ptr, l_ptr, table
         pos = start + tl.arange(0, TILE_N)
         valid = pos < hi
         block = tl.load(tables_ptr + r * table_stride + pos // BLOCK_SIZE, mask=valid, other=0)
-        rows = (block.to(tl.int64) * BLOCK_SIZE + pos % BLOCK_SIZE) * (KV_HEADS * HEAD_DIM) + kv_head * HEAD_DIM
+        rows = block.to(tl.int64) * stride_block + (pos % BLOCK_SIZE) * stride_offset + kv_head * stride_head
         k = tl.load(k_cache_ptr + rows[:, None] + d[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
         s = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale  # [GROUP_PAD, TILE_N]
         s = tl.where(valid[None, :], s, float("-inf"))
@@ -109,7 +119,7 @@ def _combine_splits_kernel(acc_ptr, m_ptr, l_ptr, out_ptr, out_stride, num_split
 
 @triton.jit(do_not_specialize=["table_stride"])
 def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, tables_ptr, seq_lens_ptr, query_lens_ptr,
-                    query_starts_ptr, q_stride, out_stride, table_stride, scale,
+                    query_starts_ptr, q_stride, out_stride, table_stride, scale, stride_block, stride_offset, stride_head,
                     BLOCK_SIZE: tl.constexpr, KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
                     HEAD_DIM: tl.constexpr, TILE_M: tl.constexpr, TILE_N: tl.constexpr):
     # one program per (request, query head, tile of TILE_M chunk rows)
@@ -127,7 +137,7 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, tables_ptr, seq_le
     rows_q = tl.load(query_starts_ptr + r) + i
     q = tl.load(q_ptr + rows_q[:, None] * q_stride + head * HEAD_DIM + d[None, :], mask=row_ok[:, None], other=0.0)
     q_pos = cached + i
-    kv_col = (head // GROUP) * HEAD_DIM
+    kv_col = (head // GROUP) * stride_head
     m_i = tl.full([TILE_M], float("-inf"), tl.float32)
     l_i = tl.zeros([TILE_M], tl.float32)
     acc = tl.zeros([TILE_M, HEAD_DIM], tl.float32)
@@ -136,7 +146,7 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, tables_ptr, seq_le
         pos = start + tl.arange(0, TILE_N)
         valid = pos < seq_len
         block = tl.load(tables_ptr + r * table_stride + pos // BLOCK_SIZE, mask=valid, other=0)
-        rows = (block.to(tl.int64) * BLOCK_SIZE + pos % BLOCK_SIZE) * (KV_HEADS * HEAD_DIM) + kv_col
+        rows = block.to(tl.int64) * stride_block + (pos % BLOCK_SIZE) * stride_offset + kv_col
         k = tl.load(k_cache_ptr + rows[:, None] + d[None, :], mask=valid[:, None], other=0.0)
         s = tl.dot(q, tl.trans(k)) * scale  # [TILE_M, TILE_N], float32
         s = tl.where(valid[None, :] & (pos[None, :] <= q_pos[:, None]), s, float("-inf"))
@@ -158,6 +168,18 @@ def _check_rows(name: str, x: torch.Tensor) -> None:
         raise ValueError(f"{name}: each token's [heads, head_dim] must be contiguous, strides {x.stride()}")
 
 
+def _pool_strides(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[int, int, int]:
+    """(block, offset, head) strides of the K and V pools, which must share a layout with contiguous head rows."""
+    if k_cache.stride() != v_cache.stride() or k_cache.stride(3) != 1:
+        raise ValueError(f"the K and V pools must have one layout with contiguous head_dim, strides {k_cache.stride()} "
+                         f"and {v_cache.stride()}")
+    return k_cache.stride(0), k_cache.stride(1), k_cache.stride(2)
+
+
+def _device_config(device: torch.device) -> DecodeConfig:
+    return kernel_config(torch.cuda.get_device_name(device) if device.type == "cuda" else None).decode
+
+
 def write_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:
     """Store the K and V rows `[T, kv_heads, head_dim]` of T new tokens at their pool slots `[T]`."""
@@ -166,16 +188,17 @@ def write_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_ca
         return
     _check_rows("key", key)
     _check_rows("value", value)
-    row = kv_heads * dim
     _write_kv_kernel[(tokens,)](key, value, k_cache, v_cache, slot_mapping, key.stride(0), value.stride(0),
-                                ROW=row, ROW_PAD=triton.next_power_of_2(row))
+                                *_pool_strides(k_cache, v_cache), BLOCK_SIZE=k_cache.shape[1], KV_HEADS=kv_heads,
+                                KV_HEADS_PAD=triton.next_power_of_2(kv_heads), HEAD_DIM=dim)
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: PagedBatch,
-                     out: torch.Tensor | None = None) -> torch.Tensor:
+                     out: torch.Tensor | None = None, *, config: DecodeConfig | None = None) -> torch.Tensor:
     """q `[R, heads, head_dim]`, one query per request; request r attends to its seq_lens[r] cached tokens.
     Writes into `out` (same shape as q) when given. With batch.num_splits > 1, split-K
     (flash-decoding): each (request, KV head) is walked by num_splits programs, then combined.
+    `config`: launch settings (default: this GPU's tuned ones, `tuning.kernel_config`).
     No host synchronisation and fixed-shape scratch only, so it can be captured in a CUDA graph."""
     num_req, heads, dim = q.shape
     kv_heads = k_cache.shape[2]
@@ -184,6 +207,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         return out
     _check_rows("q", q)
     _check_rows("out", out)
+    config = config or _device_config(q.device)
     group = heads // kv_heads
     splits = batch.num_splits
     if splits > 1:
@@ -193,11 +217,14 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         target = partial_acc
     else:
         partial_max = partial_sum = target = out  # unused pointers
-    _decode_kernel[(num_req, kv_heads, splits)](
+    grid = (kv_heads, splits, num_req) if config.heads_first else (num_req, kv_heads, splits)
+    _decode_kernel[grid](
         q, k_cache, v_cache, target, partial_max, partial_sum, batch.block_tables, batch.seq_lens,
         q.stride(0), out.stride(0), batch.block_tables.stride(0), splits, dim ** -0.5,
+        *_pool_strides(k_cache, v_cache),
         BLOCK_SIZE=batch.block_size, KV_HEADS=kv_heads, GROUP=group, GROUP_PAD=triton.next_power_of_2(group),
-        HEAD_DIM=dim, TILE_N=BLOCK_N, SPLIT=splits > 1)
+        HEAD_DIM=dim, TILE_N=config.tile_n, SPLIT=splits > 1, HEADS_FIRST=config.heads_first,
+        num_warps=config.num_warps, num_stages=config.num_stages)
     if splits > 1:
         _combine_splits_kernel[(num_req, heads)](partial_acc, partial_max, partial_sum, out, out.stride(0), splits,
                                                  HEADS=heads, HEAD_DIM=dim, SPLITS_PAD=triton.next_power_of_2(splits))
@@ -219,7 +246,7 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     grid = (batch.num_requests, heads, triton.cdiv(batch.max_query_len, BLOCK_M))
     _prefill_kernel[grid](
         q, k_cache, v_cache, out, batch.block_tables, batch.seq_lens, batch.query_lens, batch.query_starts,
-        q.stride(0), out.stride(0), batch.block_tables.stride(0), dim ** -0.5,
+        q.stride(0), out.stride(0), batch.block_tables.stride(0), dim ** -0.5, *_pool_strides(k_cache, v_cache),
         BLOCK_SIZE=batch.block_size, KV_HEADS=kv_heads, GROUP=heads // kv_heads, HEAD_DIM=dim,
         TILE_M=BLOCK_M, TILE_N=BLOCK_N)
     return out
