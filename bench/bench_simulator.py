@@ -11,7 +11,8 @@ C = 4096, preset llama2-7b-a100), timing separately (time.perf_counter)
   replay with `kvbound.validate`, as `kvbound simulate` does before it reports,
 
 and writes bench/results/simulator.md (a Markdown table) and simulator.csv beside it,
-each atomically. A scheduler that refuses the case (`SchedulerRefused`, e.g. the
+each atomically; a section of simulator.md from `KEPT` on (the before/after figures of a change,
+measured by hand) is carried over. A scheduler that refuses the case (`SchedulerRefused`, e.g. the
 non-chunking vLLM presets facing prompts longer than C) gets a row saying so.
 The target of issue 2 is < 60 s of simulation for `sarathi` on this 2-core machine.
 """
@@ -38,6 +39,8 @@ DEFAULT_CASE = ROOT / "cases" / "splitwise_conv_full.toml"
 DEFAULT_SCHEDULERS = ("sarathi", "vllm", "vllm-hy", "vllm-ef", "vllm-hy-ef", "vllm:chunked=true")
 MACHINE = f"{os.cpu_count()}-core CPU"
 TARGET_S = 60.0
+#: the heading from which simulator.md's text is kept across runs
+KEPT = "## Before/after"
 COLUMNS = ("scheduler", "status", "requests", "batches", "evictions", "total_latency_s", "mean_latency_s",
            "simulate_s", "validate_s", "machine")
 
@@ -116,7 +119,10 @@ def main(argv: list[str] | None = None) -> int:
     writer.writerows(rows)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     write_atomic(args.out_dir / "simulator.csv", out.getvalue())
-    write_atomic(args.out_dir / "simulator.md", markdown(rows, args.case.resolve(), instance))
+    md_path = args.out_dir / "simulator.md"
+    old = md_path.read_text() if md_path.exists() else ""
+    kept = old[old.index(KEPT):] if KEPT in old else ""
+    write_atomic(md_path, markdown(rows, args.case.resolve(), instance) + ("\n" + kept if kept else ""))
     print(f"wrote {args.out_dir / 'simulator.md'} and simulator.csv")
     sarathi = [r for r in rows if r["scheduler"] == "sarathi" and r["status"] == "ok"]
     if sarathi and float(sarathi[0]["simulate_s"]) >= TARGET_S:

@@ -213,7 +213,10 @@ class UnifiedScheduler(Policy):
                 if gone and not gone.isdisjoint(take) or not self._decodes_fit(take, st):
                     todo.extend(i)  # one at a time below: some may evict
                     continue
-                tokens.update(dict.fromkeys(take, 1))
+                if tokens:
+                    tokens.update(dict.fromkeys(take, 1))
+                else:
+                    tokens = dict.fromkeys(take, 1)
                 tok += len(take)
                 if phase is None:
                     phase = "d"
