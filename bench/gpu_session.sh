@@ -11,8 +11,8 @@
 # them, the rest runs without: --piecewise-tokens 0), a profile of the executor, its calibration, a
 # replay of each schedule of each case against that calibration, the decode step (bench/bench_step.py),
 # and last the other executor tests on CUDA. Everything lands in $OUT (default bench/results/runs/gpu/):
-# log.txt, kernels.md, tuned.json, checks.txt, profile.csv, cost.toml, replays.jsonl (one `kvbound replay
-# --json` object per schedule, with its case and name), step.md and tests.txt. A failing step is logged
+# log.txt, kernels.md, tuned.json, profile.csv, cost.toml, replays.jsonl (one `kvbound replay --json`
+# object per schedule, with its case and name), step.md and tests.txt (the checks, then the tests). A failing step is logged
 # and the next one runs. SKIP="kernels step tests" leaves those steps out; FLAGS="--no-graphs" goes to
 # profile and replay; REPEAT (default 2) passes per profile and replay.
 set -u
@@ -62,8 +62,8 @@ tuned() {  # the tuned-settings file of this GPU
 step environment 30 bash -c "nvidia-smi; $PY -c 'import torch, triton, numpy, scipy; print(torch.__version__, triton.__version__, numpy.__version__, scipy.__version__, torch.cuda.get_device_name())'"
 if [[ $DEVICE == cuda ]]; then
     step kernels 150 $PY bench/bench_kernels.py --tune && cp bench/results/kernels.md "$OUT/" && cp "$(tuned)" "$OUT/tuned.json"
-    if ! step "checks (kernels, graphs on CUDA)" 120 bash -c "$PY -m pytest -q -p no:cacheprovider tests/test_kernels.py tests/test_engine_prepare.py > '$OUT/checks.txt' 2>&1; rc=\$?; tail -5 '$OUT/checks.txt'; exit \$rc"; then
-        if grep -q "FAILED.*piecewise" "$OUT/checks.txt"; then
+    if ! step "checks (kernels, graphs on CUDA)" 120 bash -c "$PY -m pytest -q -p no:cacheprovider tests/test_kernels.py tests/test_engine_prepare.py > '$OUT/tests.txt' 2>&1; rc=\$?; tail -5 '$OUT/tests.txt'; exit \$rc"; then
+        if grep -q "FAILED.*piecewise" "$OUT/tests.txt"; then
             FLAGS="$FLAGS --piecewise-tokens 0"
             echo "=== the piecewise graphs failed their check: the rest runs without them ($FLAGS)" | tee -a "$log"
         fi
@@ -85,6 +85,6 @@ open(sys.argv[3], 'a').write(json.dumps(d) + '\n'); print({k: d[k] for k in list
 done
 if [[ $DEVICE == cuda ]]; then
     step step 80 $PY bench/bench_step.py --requests 1 16 64 --graphs-only && cp bench/results/step.md "$OUT/"
-    step tests 150 bash -c "$PY -m pytest -q -p no:cacheprovider tests/test_executor.py tests/test_executor_cli.py > '$OUT/tests.txt' 2>&1; rc=\$?; tail -5 '$OUT/tests.txt'; exit \$rc"
+    step tests 150 bash -c "$PY -m pytest -q -p no:cacheprovider tests/test_executor.py tests/test_executor_cli.py >> '$OUT/tests.txt' 2>&1; rc=\$?; tail -5 '$OUT/tests.txt'; exit \$rc"
 fi
 echo "=== done after $(($(date +%s) - start))s" | tee -a "$log"
