@@ -2,6 +2,7 @@
 
     python bench/bench_blocks.py gt   [--sizes 3,4] [--exact-seconds 4] [--limit 30] [--cases NAME,...]
     python bench/bench_blocks.py real [--sizes 2,3,4] [--limit 60] [--cases NAME,...]
+    python bench/bench_blocks.py solve [--cases NAME:LIMIT,...]   # `kvbound solve --objective mean_latency --json`
     python bench/bench_blocks.py report          # bench/results/blocks.md from bench/results/blocks.json
 
 gt: for every instance of bench/results/ground_truth.json and both mean objectives, as shares of
@@ -17,6 +18,10 @@ NOT a bound, an upper estimate of what exact pricing of these blocks could give)
 real: bench/cases_real cases with arrivals (`python bench/real_cases.py` builds them): today's
 analytic mean bounds and the block bound with its default pricing in `--limit` seconds, as shares of
 the best schedule known (bench/results/real_rebound.md's, else the best of a few fast heuristics).
+
+solve: `kvbound solve bench/cases_real/NAME.toml --objective mean_latency --time-limit LIMIT --json`
+(the block bound as the search runs it), its block row beside the pairwise bound and the best, and
+the run recorded in bench/results/real_rebound.md before the block bound (same limit).
 
 Each run adds its rows to bench/results/blocks.json (keyed by case, objective and kind) and rewrites
 bench/results/blocks.md. One process, no parallelism (the machine is shared).
@@ -160,6 +165,51 @@ def run_real(args) -> None:
             save(results)
 
 
+SOLVE_CASES = "splitwise_code_100_loose_arr:120,splitwise_code_300_loose_arr:300"
+
+
+def record_solve(results: dict, name: str, limit: float, data: dict) -> dict:
+    """One row from `kvbound solve --json`'s output `data`."""
+    rows = {b["name"]: b for b in data["bounds"]}
+    block = next((b for n, b in rows.items() if n.startswith("blocks")), None)
+    pairwise = rows.get("each request alone + pairwise work waits", {}).get("value")
+    before = rebound_rows().get((name, "mean_latency"))
+    row = {"set": "solve", "case": name, "objective": "mean_latency", "limit": limit, "best": data["objective"],
+           "bound": data["lower_bound"], "gap": data["gap"], "pairwise": pairwise,
+           "blocks": block["value"] if block else None, "blocks_seconds": round(block["seconds"], 1) if block else None,
+           "blocks_note": block["note"] if block else "", "before": before}
+    results["rows"][f"solve/{name}/mean_latency"] = row
+    return row
+
+
+def rebound_rows() -> dict:
+    """(case, objective) -> (limit, best, bound) of real_rebound.md's row with the best value."""
+    out = {}
+    for line in (RESULTS / "real_rebound.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) >= 10 and cells[2] in ("mean_latency", "mean_ttft"):
+            try:
+                limit, best, bound = float(cells[3]), float(cells[4]), float(cells[5])
+            except ValueError:
+                continue
+            key = (cells[0], cells[2])
+            if key not in out or best < out[key][1]:
+                out[key] = (limit, best, bound)
+    return out
+
+
+def run_solve(args) -> None:
+    import subprocess
+    results = load_results()
+    for spec in (args.cases or SOLVE_CASES).split(","):
+        name, limit = spec.split(":")
+        out = subprocess.run(["kvbound", "solve", str(REPO / "bench" / "cases_real" / f"{name}.toml"), "--objective",
+                              "mean_latency", "--time-limit", limit, "--json"], capture_output=True, text=True, check=True)
+        row = record_solve(results, name, float(limit), json.loads(out.stdout))
+        print(json.dumps(row), flush=True)
+        save(results)
+
+
 def _pct(v, ref) -> str:
     return f"{100 * v / ref:.2f}%" if v is not None and math.isfinite(v) and ref else "-"
 
@@ -200,12 +250,23 @@ def report(results: dict) -> str:
                          f"| {r['blocks_seconds']} | {r['blocks_priced']} / {r['used']} |")
         lines += ["", f"Block sizes {sorted({tuple(r['sizes']) for r in real})}, default pricing, "
                   f"{sorted({r['limit'] for r in real})} s in all.", ""]
+    solved = [r for k, r in sorted(rows.items()) if r["set"] == "solve"]
+    if solved:
+        lines += ["## In a solve (`kvbound solve CASE --objective mean_latency --json`, the search with the block bound)", "",
+                  "| case | limit s | best (s) | bound (s) | gap | pairwise (s) | block row (s) | its seconds | its note "
+                  "| before (real_rebound.md): best / bound / gap |", "|---|---:|---:|---:|---:|---:|---:|---:|---|---|"]
+        for r in solved:
+            b = r["before"]
+            before = f"{b[1]:.6g} / {b[2]:.6g} / {100 * (b[1] - b[2]) / b[1]:.2f}% ({b[0]:g} s)" if b else "-"
+            lines.append(f"| {r['case']} | {r['limit']:g} | {r['best']:.6g} | {r['bound']:.6g} | {100 * r['gap']:.2f}% "
+                         f"| {r['pairwise']:.6g} | {r['blocks']:.6g} | {r['blocks_seconds']} | {r['blocks_note']} | {before} |")
+        lines.append("")
     return "\n".join(lines)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=("gt", "real", "report"))
+    ap.add_argument("what", choices=("gt", "real", "solve", "report"))
     ap.add_argument("--sizes", default=None)
     ap.add_argument("--limit", type=float, default=None)
     ap.add_argument("--exact-seconds", type=float, default=4.0)
@@ -217,6 +278,8 @@ def main() -> int:
     elif args.what == "real":
         args.sizes, args.limit = args.sizes or "2,3,4", args.limit or 60.0
         run_real(args)
+    elif args.what == "solve":
+        run_solve(args)
     else:
         OUT_MD.write_text(report(load_results()))
     return 0

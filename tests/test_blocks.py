@@ -12,7 +12,6 @@
 """
 from __future__ import annotations
 
-import itertools
 import math
 
 import numpy as np

@@ -20,7 +20,6 @@ packing: each request's weights add up to at most 1).
 """
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field, replace
 
@@ -160,22 +159,31 @@ class BlockFamily:
         a = self.instance.arrivals[np.asarray(members)]
         return float((a - a.min()).sum())
 
-    def add(self, members, priced_sum: float) -> float:
-        """Record a block priced at `priced_sum` (a certified bound on its sum at arrival 0); its gain."""
+    def add(self, members, priced_sum: float, weigh: bool = True) -> float:
+        """Record a block priced at `priced_sum` (a certified bound on its sum at arrival 0); its gain.
+        `weigh=False` leaves the weights as they were (the new block at 0) until `weigh`."""
         members = tuple(sorted(int(i) for i in members))
         value = priced_sum - self.spread(members)
         gain = max(0.0, value - self.own(members))
         self.blocks.append((members, value, gain))
-        self.weights = self._weigh()
+        if weigh:
+            self.weigh()
+        else:
+            self.weights = np.r_[self.weights, 0.0]
         return gain
+
+    def weigh(self) -> None:
+        """The LP's weights over every block recorded."""
+        self.weights = self._weigh()
 
     def reprice(self, k: int, priced_sum: float) -> float:
         """Block k priced again at `priced_sum`; it keeps the larger of its two values. Its gain."""
-        members, value, _ = self.blocks[k]
+        members, value, old = self.blocks[k]
         value = max(value, priced_sum - self.spread(members))
         gain = max(0.0, value - self.own(members))
         self.blocks[k] = (members, value, gain)
-        self.weights = self._weigh()
+        if gain > old:
+            self.weigh()
         return gain
 
     def _weigh(self) -> np.ndarray:
@@ -281,8 +289,9 @@ def block_bound(instance: Instance, objective: Objective, deadline: Deadline, sc
         if deadline.expired():
             break
         sub = at_zero(instance, members)
-        family.add(members, price_block(sub, objective, deadline, None))
+        family.add(members, price_block(sub, objective, deadline, None), weigh=False)
         cheap.append((family.blocks[-1][1] - family.own(members), len(family.blocks) - 1, members, sub))
+    family.weigh()
     offer()
     cheap.sort(key=lambda c: -c[0])
     for k, (_, at, members, sub) in enumerate(cheap):
