@@ -8,7 +8,7 @@
 * The default pricing (analytic, Lagrangian, completion master) is never above the block's optimum,
   and the restricted schedule it starts from is valid (the validator replays it).
 * `kvbound bound` and the solve's ledger list it by name on an instance large enough for blocks,
-  certified and below every validated schedule.
+  certified and below every validated schedule; in a solve each rise is certified as it comes.
 """
 from __future__ import annotations
 
@@ -20,14 +20,14 @@ from hypothesis import strategies as st
 
 from kvbound import CostModel, Instance, Request, SystemConfig, validate
 from kvbound.bounds.analytic import pairwise_work_waits
-from kvbound.bounds.blocks import (NAME, BlockFamily, at_zero, block_bound, candidate_blocks, price_block,
-                                   restricted)
+from kvbound.bounds.blocks import (NAME, BlockFamily, SearchBlocks, at_zero, block_bound, candidate_blocks,
+                                   price_block, restricted)
 from kvbound.alone import time_alone
 from kvbound.deadline import Deadline
 from kvbound.objective import Objective
 from kvbound.schedulers import run_scheduler
 from kvbound.schedulers.serial import serial_schedule
-from kvbound.solvers import lower_bounds
+from kvbound.solvers import lower_bounds, solve
 from kvbound.solvers.options import SolveOptions
 from tests.oracle import brute_force
 from tests.test_formulation import instances
@@ -137,3 +137,36 @@ def test_listed_beside_the_other_bounds():
     assert row.certified and row.found and row.value <= result.objective * (1 + TOL)
     assert "blocks priced" in row.note
     assert result.lower_bound >= row.value * (1 - TOL)
+
+
+def test_each_rise_is_certified_as_it_comes():
+    """In a solve the method hands every rise to the ledger at once (anytime), the last one being
+    the bound it returns; in a solve with arrivals the row is there, below the best schedule."""
+    cost = CostModel(intercept=1.0, per_token=0.25, decode_kv=0.125)
+    reqs = tuple(Request(1 + i % 3, 2 + i % 4, float(i // 4)) for i in range(14))
+    inst = Instance(reqs, SystemConfig(12, 8, 8, 1), cost)
+    objective = Objective.MEAN_LATENCY
+    schedule = run_scheduler(inst, "vllm").schedule
+
+    class Known:
+        instance, constraints, options = inst, None, SolveOptions("mean_latency")
+        best_schedule = schedule
+        certified: list = []
+
+        def __init__(self):
+            self.objective = objective
+
+        def certify(self, bound):
+            self.certified.append(bound.value)
+            return bound
+
+    known = Known()
+    method = SearchBlocks()
+    assert method.skip_reason(known) is None
+    (row,) = method.compute(known, Deadline(10.0))
+    assert len(known.certified) >= 2 and known.certified == sorted(known.certified)
+    assert known.certified[-1] == row.value and row.name == NAME and row.certified
+    result = solve(inst, "mean_latency", formulation="search", time_limit=6.0)
+    rows = {b.name: b for b in result.bounds}
+    assert NAME in rows and rows[NAME].value <= result.objective * (1 + TOL)
+    assert result.lower_bound >= rows[NAME].value * (1 - TOL)

@@ -319,8 +319,9 @@ def _block_deadline(deadline: Deadline, left: int) -> Deadline:
 
 
 class _BlockMethod:
-    """The block bound as a one-shot step of its stage, with `share` of the time left; it offers the
-    bound of the blocks priced when its time ends (every partial family is a bound)."""
+    """The block bound as a one-shot step of its stage, with `share` of the time left: the bound of
+    the blocks priced when its time ends (every partial family is a bound), and before that each
+    rise, certified on the ledger as it comes."""
 
     name = "blocks"
 
@@ -338,7 +339,15 @@ class _BlockMethod:
 
     def compute(self, known, deadline) -> list[Bound]:
         began = time.perf_counter()
-        value, family = block_bound(known.instance, known.objective, deadline, known.best_schedule)
+        # anytime: where what is known takes bounds as they come (the ledger), each rise is offered
+        # at once, so the trajectory and the progress line show the bound as it grows
+        certify = getattr(known, "certify", None)
+
+        def offer(value: float) -> None:
+            if certify is not None:
+                certify(Bound(NAME, value, time.perf_counter() - began, note="so far: blocks still being priced"))
+
+        value, family = block_bound(known.instance, known.objective, deadline, known.best_schedule, on_value=offer)
         sizes = sorted({len(m) for m, _, _ in family.blocks})
         note = (f"{len(family.blocks)} blocks priced (sizes {', '.join(map(str, sizes)) or '-'}), "
                 f"{family.used()} weighted by the LP")
