@@ -2,7 +2,9 @@
 
 * Never above the brute-force optimum, for mean latency and mean TTFT, with arrivals, block
   rounding, tight M and evictions: with random blocks each priced exactly (the oracle on the block
-  alone at 0) or below that, under the LP's weights and under random feasible weights.
+  alone at 0) or below that, with their completion-order bounds (the due-date value), under the
+  LP's weights and under random feasible weights; the due-date value alone is below each block's
+  least sum under its own arrivals.
 * One block of every request, all at 0 and priced exactly: the bound is the optimum.
 * Without blocks it is the pairwise bound (`analytic.pairwise_work_waits`) exactly.
 * The default pricing (analytic, Lagrangian, completion master) is never above the block's optimum,
@@ -19,9 +21,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvbound import CostModel, Instance, Request, SystemConfig, validate
-from kvbound.bounds.analytic import pairwise_work_waits
+from kvbound.bounds.analytic import completion_order_bounds, pairwise_work_waits
 from kvbound.bounds.blocks import (NAME, BlockFamily, SearchBlocks, at_zero, block_bound, candidate_blocks,
-                                   price_block, restricted)
+                                   due_date_value, price_block, restricted)
 from kvbound.alone import time_alone
 from kvbound.deadline import Deadline
 from kvbound.objective import Objective
@@ -62,7 +64,8 @@ def test_block_bound_never_exceeds_the_brute_force_optimum(drawn, objective, see
     family = BlockFamily(inst, objective)
     assert family.value <= opt * (1 + TOL) + 1e-12  # no blocks: the pairwise bound
     for members, share in zip(blocks, below):
-        family.add(members, share * exact_sum(inst, members, objective))
+        sub = at_zero(inst, members)
+        family.add(members, share * exact_sum(inst, members, objective), completions=completion_order_bounds(sub, objective))
         assert family.value <= opt * (1 + TOL) + 1e-12
     # any weights with every request's weights adding up to at most 1 give a bound
     rng = np.random.default_rng(seed)
@@ -73,6 +76,17 @@ def test_block_bound_never_exceeds_the_brute_force_optimum(drawn, objective, see
             load[list(m)] += w
         family.weights = y / max(1.0, float(load.max()))
         assert family.value <= opt * (1 + TOL) + 1e-12
+
+
+@settings(max_examples=40, deadline=None)
+@given(inst=instances(min_requests=2, max_requests=4, max_prompt=3, max_output=3, arrivals=True),
+       objective=st.sampled_from(MEAN))
+def test_due_date_value_never_exceeds_the_block_optimum_under_its_arrivals(inst, objective):
+    # the whole instance as the block: V_S bounds its own optimum (the map removes nothing)
+    a = inst.arrivals
+    value = due_date_value(completion_order_bounds(at_zero(inst, range(len(inst))), objective),
+                           time_alone(inst, objective), a - a.min())
+    assert value / len(inst) <= brute_force(inst, objective.value).value * (1 + TOL) + 1e-12
 
 
 @settings(max_examples=40, deadline=None)

@@ -7,13 +7,15 @@ in different blocks are priced by the pairwise work waits. docs/formulation.md, 
 has the statement and the proof; in short, for weights y_S >= 0 over blocks with
 sum_{S containing i} y_S <= 1 for every request i,
 
-    sum_i (C_i - a_i) >= sum_i T_i + sum_{i < j} P_ij + sum_S y_S g_S,
-    g_S = V_S - sum_{i in S} T_i - sum_{i < j in S} P_ij,
-    V_S = L_S - sum_{i in S} (a_i - min_{j in S} a_j),
+    sum_i (C_i - a_i) >= sum_i (T_i + E_i) + sum_{i < j} P_ij + sum_S y_S g_S,
+    g_S = max(0, V_S - sum_{i in S} (T_i + E_i) - sum_{i < j in S} P_ij),
+    V_S = max(L_S - sum_{i in S} d_i, D_S), d_i = a_i - min_{j in S} a_j,
 
 with T_i each request's least time alone (`alone.time_alone`), P_ij the pairwise work waits of i
-and j (`pair_waits`: work only, so that they add up over pairs) and L_S any certified lower bound
-on the least sum of latencies (first-token times) of S alone with every arrival at 0. A family
+and j (`pair_waits`: work only, so that they add up over pairs; the pairwise bound's intercept
+part E_q counts where q is in no block), L_S any certified lower bound on the least sum of
+latencies (first-token times) of S alone with every arrival at 0, and D_S the due-date value
+(`due_date_value`: each request pays only the part of its offset d_i it cannot absorb). A family
 with any weights is a bound, so blocks are priced one after the other and the bound is offered
 after each (`BlockFamily`); the weights are an LP over the blocks priced so far (a fractional
 packing: each request's weights add up to at most 1).
@@ -31,7 +33,7 @@ from ..objective import Objective
 from ..schedule import Batch, Schedule, validate
 from ..workload import Instance
 from .analytic import (_least_progress_cost, _skipped_intercepts, _token_steps, _work_left_after,
-                       analytic_bounds)
+                       analytic_bounds, completion_order_bounds)
 from .base import Bound, Stage, register
 
 #: the block sizes tried, smallest first (blocks of one are the singletons: their gain is 0)
@@ -159,11 +161,16 @@ class BlockFamily:
         a = self.instance.arrivals[np.asarray(members)]
         return float((a - a.min()).sum())
 
-    def add(self, members, priced_sum: float, weigh: bool = True) -> float:
+    def add(self, members, priced_sum: float, weigh: bool = True, completions: np.ndarray | None = None) -> float:
         """Record a block priced at `priced_sum` (a certified bound on its sum at arrival 0); its gain.
+        `completions`: certified lower bounds on the block's k-th completion (first-token) time at
+        arrival 0, k = 1..|S|, ascending (`analytic.completion_order_bounds`), for `due_date_value`.
         `weigh=False` leaves the weights as they were (the new block at 0) until `weigh`."""
         members = tuple(sorted(int(i) for i in members))
         value = priced_sum - self.spread(members)
+        if completions is not None:
+            a = self.instance.arrivals[np.asarray(members)]
+            value = max(value, due_date_value(completions, self.alone[np.asarray(members)], a - a.min()))
         gain = max(0.0, value - self.own(members))
         self.blocks.append((members, value, gain))
         if weigh:
@@ -230,6 +237,19 @@ class BlockFamily:
         return int((self.weights > 1e-9).sum())
 
 
+def due_date_value(completions: np.ndarray, alone: np.ndarray, offsets: np.ndarray) -> float:
+    """A lower bound on a block's own sum of latencies under any arrivals no further apart than its
+    own (what `V_S` bounds): min over assignments of its requests to completion ranks of
+    sum_i max(c_rank(i) - d_i, T_i). With the block's first arrival at 0, request i arrives at most
+    d_i = a_i - min a later, so its latency is at least C_i - d_i, and at least T_i; the schedule
+    is one of the block at arrival 0 too, whose k-th completion is at least c_k."""
+    from scipy.optimize import linear_sum_assignment
+
+    cost = np.maximum(np.asarray(completions, dtype=float)[None, :] - offsets[:, None], alone[:, None])
+    rows, cols = linear_sum_assignment(cost)
+    return float(cost[rows, cols].sum())
+
+
 def _disjoint(members) -> bool:
     seen: set = set()
     for m in members:
@@ -289,7 +309,8 @@ def block_bound(instance: Instance, objective: Objective, deadline: Deadline, sc
         if deadline.expired():
             break
         sub = at_zero(instance, members)
-        family.add(members, price_block(sub, objective, deadline, None), weigh=False)
+        family.add(members, price_block(sub, objective, deadline, None), weigh=False,
+                   completions=completion_order_bounds(sub, objective) if not instance.offline else None)
         cheap.append((family.blocks[-1][1] - family.own(members), len(family.blocks) - 1, members, sub))
     family.weigh()
     offer()
