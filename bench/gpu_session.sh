@@ -70,7 +70,7 @@ if [[ $DEVICE == cuda ]]; then
     fi
 fi
 step profile 150 $PY -m kvbound.cli profile --device $DEVICE --shape $SHAPE --repeat $REPEAT $FLAGS --out "$OUT/profile.csv"
-step calibrate 30 $PY -m kvbound.cli calibrate "$OUT/profile.csv" --out "$OUT/cost.toml"
+step calibrate 30 $PY -m kvbound.cli calibrate "$OUT/profile.csv" --decode-share 0.5 --out "$OUT/cost.toml"
 case_file=
 for arg in "${args[@]}"; do
     if [[ $arg == *.toml ]]; then case_file=$arg; continue; fi

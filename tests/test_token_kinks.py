@@ -182,3 +182,26 @@ def test_calibrate_cli_writes_the_knees_and_takes_them_as_given(cli, tmp_path):
     assert rc == 0 and load_cost_file(str(tmp_path / "c.toml")).token_knees == ()
     rc, out, err = cli("calibrate", tmp_path / "p.csv", "--out", tmp_path / "c.toml", "--knees", "512,256")
     assert rc == 2 and "increasing" in err and err.count("\n") == 1
+
+
+def test_decode_share_weighs_the_kinds_of_batch():
+    """Two kinds of batch with different fixed costs (on CUDA: decode-only graphs below the rest): one
+    intercept cannot fit both, and the share of the fit's weight decides whose it follows."""
+    from kvbound.costs.calibrate import kind_weights
+    x, y = _profile(CostModel(intercept=4e-3, per_token=2e-6, decode_kv=2e-8), 400)
+    x[:300, 5] = 1 + x[:300, 5]  # 300 batches with a prefill-type request, 100 decode-only ...
+    x[300:, 3:6] = 0
+    y = np.where(x[:, 5] > 0, y + 2e-3, y)  # ... whose fixed cost is 2 ms below the others'
+    decode_only = x[:, 5] == 0
+    weights = kind_weights(x, 0.5)
+    assert weights.mean() == pytest.approx(1) and weights[decode_only].sum() == pytest.approx(weights[~decode_only].sum())
+    assert (kind_weights(x, None) == 1).all() and (kind_weights(x[decode_only], 0.9) == 1).all()  # one kind: no weighing
+
+    def decode_error(share):
+        cost = calibrate(x, y, knees=(), decode_share=share).cost
+        return np.abs(cost.predict(x[decode_only]) / y[decode_only] - 1).mean()
+
+    assert decode_error(0.9) < decode_error(0.5) < decode_error(None)
+    assert calibrate(x, y, knees=()).cost == calibrate(x, y, knees=(), decode_share=None).cost
+    with pytest.raises(Exception, match="decode_share"):
+        calibrate(x, y, decode_share=1.5)

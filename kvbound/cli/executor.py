@@ -53,6 +53,10 @@ def register(sub) -> None:
     p.add_argument("--knees", type=_knees, default=None,
                    help="batch-token counts where the per-token slope may bend, e.g. 256 or 256,1024; 'none' for the "
                         "plain six-coefficient fit (default: picked by 5-fold cross-validation on the fitted batches)")
+    p.add_argument("--decode-share", type=_share, default=None, metavar="S",
+                   help="the decode-only batches together weigh this share of the fit (0 to 1; default: every batch "
+                        "the same). For a CUDA profile use 0.5: decode-only batches replay full CUDA graphs with a "
+                        "smaller fixed cost than the rest, and they are most of what schedules run (docs/executor.md)")
     p.set_defaults(func=cmd_calibrate)
 
     p = sub.add_parser("replay", help="execute a schedule on the executor: predicted vs measured latency")
@@ -151,13 +155,23 @@ def _knees(text: str) -> tuple[int, ...]:
     return knees
 
 
+def _share(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {value:g}")
+    return value
+
+
 def cmd_calibrate(args) -> int:
     from ..costs import FEATURES
     from ..costs.operator_profiles import fit_operator_profile
     from ..costs.calibrate import calibrate, cost_toml, read_profile
 
     features, seconds = read_profile(args.profile)
-    cal = calibrate(features, seconds, seed=args.seed, knees=args.knees)
+    cal = calibrate(features, seconds, seed=args.seed, knees=args.knees, decode_share=args.decode_share)
     held, fit = cal.held_out_quality, cal.train_quality
     print(f"{args.profile}: {len(seconds)} batches, {len(cal.train)} fitted, {len(cal.held_out)} held out")
     for name in FEATURES:
@@ -190,7 +204,8 @@ def cmd_calibrate(args) -> int:
               f"R^2 {op.r2:.4f}")
         operator_fits.append((name, path, op))
 
-    comment = (f"kvbound calibrate {args.profile}: {len(seconds)} batches, {len(cal.held_out)} held out: "
+    weighing = f" --decode-share {args.decode_share:g}" if args.decode_share is not None else ""
+    comment = (f"kvbound calibrate {args.profile}{weighing}: {len(seconds)} batches, {len(cal.held_out)} held out: "
                f"R^2 {held.r2:.4f}, relative error mean {held.mean_relative_error:.1%}, "
                f"max {held.max_relative_error:.1%}")
     out = write_user_file(args.out, cost_toml(cal.cost, comment))

@@ -135,19 +135,36 @@ KNEE_GAIN = 0.05
 KNEE_MIN_GAIN = 1e-3
 
 
+def kind_weights(features: np.ndarray, decode_share: float | None) -> np.ndarray:
+    """Each batch's weight in the fit (mean 1): with `decode_share`, the decode-only batches together
+    weigh that share and the batches with a prefill-type request the rest; None (or a profile of
+    one kind only): every batch the same."""
+    decode_only = features[:, FEATURE_COLUMNS.index("prefill_requests")] == 0
+    n, k = len(features), int(decode_only.sum())
+    if decode_share is None or k in (0, n):
+        return np.ones(n)
+    return np.where(decode_only, decode_share * n / k, (1 - decode_share) * n / (n - k))
+
+
 def calibrate(features: np.ndarray, seconds: np.ndarray, *, held_out_fraction: float = 0.2,
-              seed: int = 0, knees: tuple[int, ...] | None = None) -> Calibration:
+              seed: int = 0, knees: tuple[int, ...] | None = None, decode_share: float | None = None) -> Calibration:
+    """`decode_share`: the share of the fit's weight the decode-only batches carry together (see
+    `kind_weights`; docs/executor.md says when to use it: on CUDA decode-only batches replay full
+    graphs, with a smaller fixed cost than the rest, and are most of what schedules run)."""
     problem = degenerate_problem(features, seconds)
     if problem:
         raise KvboundError(problem)
+    if decode_share is not None and not 0 <= decode_share <= 1:
+        raise KvboundError(f"decode_share must be in [0, 1], got {decode_share}")
+    weights = kind_weights(features, decode_share)
     order = np.random.default_rng(seed).permutation(len(seconds))
     n_held = max(1, int(round(held_out_fraction * len(seconds))))
     held_out, train = np.sort(order[:n_held]), np.sort(order[n_held:])
     chosen = knees is None
     if chosen:
-        knees = choose_knees(features[train], seconds[train], seed=seed)
+        knees = choose_knees(features[train], seconds[train], seed=seed, weights=weights[train])
     knees = tuple(sorted(int(k) for k in knees))
-    coef, slopes = _fit(features[train], seconds[train], knees)
+    coef, slopes = _fit(features[train], seconds[train], knees, weights[train])
     clamped = coef[0] <= 0
     if clamped:
         coef[0] = MIN_INTERCEPT
@@ -161,16 +178,18 @@ def calibrate(features: np.ndarray, seconds: np.ndarray, *, held_out_fraction: f
                        FitQuality.of(predicted[held_out], seconds[held_out]), clamped, chosen)
 
 
-def choose_knees(features: np.ndarray, seconds: np.ndarray, *, seed: int = 0, folds: int = 5) -> tuple[int, ...]:
+def choose_knees(features: np.ndarray, seconds: np.ndarray, *, seed: int = 0, folds: int = 5,
+                 weights: np.ndarray | None = None) -> tuple[int, ...]:
     """Knees from `KNEE_GRID` (inside the profiled token range), added greedily while each lowers the
-    `folds`-fold cross-validated mean relative error by `KNEE_GAIN` (and `KNEE_MIN_GAIN`) or more;
-    at most `MAX_KNEES`."""
+    `folds`-fold cross-validated (weighted) mean relative error by `KNEE_GAIN` (and `KNEE_MIN_GAIN`)
+    or more; at most `MAX_KNEES`."""
+    weights = np.ones(len(seconds)) if weights is None else weights
     tokens = features[:, 1]
     grid = [k for k in KNEE_GRID if (tokens > k).sum() >= 2 * len(FEATURES) and (tokens <= k).sum() >= 2 * len(FEATURES)]
     fold_of = np.random.default_rng(seed + 1).permutation(len(seconds)) % folds
-    best, knees = _cv_error(features, seconds, (), fold_of, folds), ()
+    best, knees = _cv_error(features, seconds, (), fold_of, folds, weights), ()
     while len(knees) < MAX_KNEES:
-        trials = [(_cv_error(features, seconds, tuple(sorted(knees + (k,))), fold_of, folds), k)
+        trials = [(_cv_error(features, seconds, tuple(sorted(knees + (k,))), fold_of, folds, weights), k)
                   for k in grid if k not in knees]
         if not trials:
             break
@@ -181,14 +200,15 @@ def choose_knees(features: np.ndarray, seconds: np.ndarray, *, seed: int = 0, fo
     return knees
 
 
-def _cv_error(features, seconds, knees, fold_of, folds) -> float:
-    errors = []
+def _cv_error(features, seconds, knees, fold_of, folds, weights) -> float:
+    errors, weighs = [], []
     for f in range(folds):
         fit, test = fold_of != f, fold_of == f
-        coef, slopes = _fit(features[fit], seconds[fit], knees)
+        coef, slopes = _fit(features[fit], seconds[fit], knees, weights[fit])
         predicted = _design(features[test], knees) @ np.concatenate([coef, slopes])
         errors.append(np.abs(predicted - seconds[test]) / seconds[test])
-    return float(np.concatenate(errors).mean())
+        weighs.append(weights[test])
+    return float(np.average(np.concatenate(errors), weights=np.concatenate(weighs)))
 
 
 def _design(features: np.ndarray, knees) -> np.ndarray:
@@ -197,10 +217,10 @@ def _design(features: np.ndarray, knees) -> np.ndarray:
     return np.hstack([features] + [np.maximum(0.0, tokens - k) for k in knees])
 
 
-def _fit(features: np.ndarray, seconds: np.ndarray, knees) -> tuple[np.ndarray, np.ndarray]:
-    """Non-negative least squares on relative errors: (six coefficients, one slope per knee)."""
-    weights = 1.0 / seconds
-    coef, _ = nnls(_design(features, knees) * weights[:, None], seconds * weights)
+def _fit(features: np.ndarray, seconds: np.ndarray, knees, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Non-negative least squares on (weighted) relative errors: (six coefficients, one slope per knee)."""
+    scale = np.sqrt(weights) / seconds
+    coef, _ = nnls(_design(features, knees) * scale[:, None], seconds * scale)
     return coef[:len(FEATURES)], coef[len(FEATURES):]
 
 
