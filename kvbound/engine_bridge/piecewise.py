@@ -9,7 +9,9 @@ MLP depend only on the number of tokens, so they are captured once per padded to
 graph per stretch between two attentions (layers + 1 of them). Attention depends on each
 request's chunk and cache, so it runs eagerly with the batch's own grid on the real tokens. The
 pieces read and write static activation buffers (`Activations`), sized for the largest batch,
-so that each piece's own intermediates are scratch that every capture may share.
+so that each piece's own intermediates are scratch that every capture may share. Measured on an
+H100 (docs/executor.md): small mixed batches still wait for the host, whose per-layer attention
+launches remain; capturing attention as well is the next step.
 """
 from __future__ import annotations
 
