@@ -86,39 +86,72 @@ def capacity(instance: Instance, scheduler: str, slo: Slo, attainment: float = 0
     """The largest rate factor with SLO attainment >= `attainment` (see the module docstring)."""
     if not 0 < attainment <= 1:
         raise InputError("", "attainment", f"must be in (0, 1], got {attainment}")
+    _check_tolerance(rel_tol)
+    get_scheduler(scheduler)  # a bad name or option is bad input before any work
+    return _search(instance, scheduler, lambda inst: slo_attainment(inst, scheduler, slo),
+                   lambda a: a >= attainment, rel_tol, progress)
+
+
+def objective_value(instance: Instance, scheduler: str, objective) -> float:
+    """The scheduler's value of `objective` (a Metrics field, e.g. mean_latency) on `instance`, replayed by
+    the validator (SchedulerRefused / SchedulerStuck when it cannot serve the case)."""
+    sim = simulate(instance, get_scheduler(scheduler))
+    replay = validate(instance, schedule_from_json(sim.schedule.to_json()))
+    return float(getattr(replay.metrics, str(objective)))
+
+
+def latency_capacity(instance: Instance, scheduler: str, objective, limit: float, *, rel_tol: float = 0.01,
+                     progress: Callable[[float, float], None] | None = None) -> CapacityResult:
+    """The largest rate factor at which the scheduler's `objective` (mean_latency, mean_ttft) is <= `limit`
+    seconds, by the same search as `capacity` (assuming the value grows with the rate). The result's
+    `slo_attainment` field holds the objective's value at that factor."""
+    if not (math.isfinite(limit) and limit > 0):
+        raise InputError("", "limit", f"must be a finite number of seconds > 0, got {limit}")
+    _check_tolerance(rel_tol)
+    get_scheduler(scheduler)
+    return _search(instance, scheduler, lambda inst: objective_value(inst, scheduler, objective),
+                   lambda v: v <= limit, rel_tol, progress)
+
+
+def _check_tolerance(rel_tol: float) -> None:
     if not MIN_TOLERANCE <= rel_tol <= MAX_TOLERANCE:
         raise InputError("", "tolerance", f"must be in [{MIN_TOLERANCE:g}, {MAX_TOLERANCE:g}] (the relative width "
                                           f"of the final bracket), got {rel_tol:g}")
-    get_scheduler(scheduler)  # a bad name or option is bad input before any work
+
+
+def _search(instance: Instance, scheduler: str, measure: Callable[[Instance], float], ok: Callable[[float], bool],
+            rel_tol: float, progress: Callable[[float, float], None] | None) -> CapacityResult:
+    """The largest factor f whose `measure(scale_arrivals(instance, f))` is `ok` (assumed ok below it,
+    not ok above): bracketed by doubling or halving from 1, then bisected on log f."""
     rate = base_rate(instance)
     seen: dict[float, float] = {}
 
     def att(f: float) -> float:
         if f not in seen:
-            seen[f] = slo_attainment(scale_arrivals(instance, f), scheduler, slo)
+            seen[f] = measure(scale_arrivals(instance, f))
             if progress:
                 progress(f, seen[f])
         return seen[f]
 
     def best_seen(**flags) -> CapacityResult:
-        best = max((f for f, a in seen.items() if a >= attainment), default=0.0)
+        best = max((f for f, a in seen.items() if ok(a)), default=0.0)
         return CapacityResult(scheduler, best, rate * best, seen.get(best, 0.0), len(seen), **flags)
 
     try:
         lo, hi = 1.0, 1.0
-        if att(1.0) >= attainment:
-            while hi < LIMIT and att(hi * 2) >= attainment:
+        if ok(att(1.0)):
+            while hi < LIMIT and ok(att(hi * 2)):
                 hi *= 2
             lo, hi = hi, hi * 2
         else:
-            while lo > 1 / LIMIT and att(lo / 2) < attainment:
+            while lo > 1 / LIMIT and not ok(att(lo / 2)):
                 lo /= 2
             lo, hi = lo / 2, lo
         if hi > LIMIT or lo < 1 / LIMIT:  # never fell below the target, or never reached it
             return best_seen(capped=True)
         while hi / lo > 1 + rel_tol:
             mid = math.sqrt(lo * hi)
-            if att(mid) >= attainment:
+            if ok(att(mid)):
                 lo = mid
             else:
                 hi = mid

@@ -405,3 +405,87 @@ def plot_sweep(rows: list[dict], plot, facets: list[str], out: str | Path | None
         fig.suptitle(title, x=0.01, ha="left", fontsize=10)
     save(fig, out)
     return fig
+
+
+# --------------------------------------------------------------------------- headroom
+
+HEADROOM_PALETTE = ["#1f77b4", "#ff7f0e", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22"]
+HEADROOM_MARKERS = ["s", "^", "D", "v", "P", "X", "<", ">"]
+
+
+def plot_headroom(result, out: str | Path | None = None, *, title: str = ""):
+    """Latency against load (a kvbound.analysis.headroom.HeadroomResult): one curve per scheduler over the
+    rate factor, the best schedule found (black) and, shaded, the band between it and the certified lower
+    bound (dashed), where the optimum lies. With an SLO, a second panel: each scheduler's SLO attainment
+    and the certified upper bound on it."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter
+
+    obj = result.objective
+    pts = result.points
+    with_slo = result.slo is not None
+    fig = Figure(figsize=(10, 4.6 + (2.6 if with_slo else 0.0)), layout="constrained")
+    axes = fig.subplots(2 if with_slo else 1, 1, squeeze=False, sharex=True)[:, 0]
+    ax = axes[0]
+    xs = [p.rate_factor for p in pts]
+    for k, s in enumerate(result.schedulers):
+        xy = [(p.rate_factor, p.value(s, obj)) for p in pts if p.value(s, obj) is not None]
+        if xy:
+            ax.plot(*zip(*xy), color=HEADROOM_PALETTE[k % len(HEADROOM_PALETTE)],
+                    marker=HEADROOM_MARKERS[k % len(HEADROOM_MARKERS)], lw=1.6, ms=6, label=s, zorder=3)
+    best = [(p.rate_factor, p.best) for p in pts if p.best is not None]
+    if best:
+        ax.plot(*zip(*best), color="black", marker="o", lw=2.2, ms=5, label="best found", zorder=4)
+    band = [(p.rate_factor, p.lower_bound, p.best) for p in pts if p.lower_bound is not None and p.best is not None]
+    if band:
+        bx, lo, hi = zip(*band)
+        certified = all(p.bound_certified for p in pts if p.lower_bound is not None)
+        ax.fill_between(bx, lo, hi, color="#777777", alpha=0.25, lw=0, zorder=1,
+                        label="the optimum lies here (best found to bound)")
+        ax.plot(bx, lo, color="#333333", linestyle="--", lw=1.2, zorder=2,
+                label="certified lower bound" if certified else "lower bound (not all certified)")
+    values = [v for line in ax.get_lines() for v in line.get_ydata() if v is not None and v > 0]
+    if values and max(values) / min(values) > 5:  # latencies that grow by orders of magnitude: a log axis
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(FuncFormatter(_sparse_minor_label))
+        ax.tick_params(axis="y", which="minor", labelsize=7)
+    ax.set_ylabel(f"{obj.replace('_', ' ').replace('ttft', 'TTFT')} (s)")
+    ax.grid(alpha=0.3, which="both")
+    if with_slo:
+        ax2 = axes[1]
+        for k, s in enumerate(result.schedulers):
+            xy = [(p.rate_factor, p.value(s, "slo_attainment")) for p in pts if p.value(s, "slo_attainment") is not None]
+            if xy:
+                x, y = zip(*xy)
+                ax2.plot(x, [100 * v for v in y], color=HEADROOM_PALETTE[k % len(HEADROOM_PALETTE)],
+                         marker=HEADROOM_MARKERS[k % len(HEADROOM_MARKERS)], lw=1.6, ms=6, label=s)
+        up = [(p.rate_factor, p.slo_attainment_upper_bound) for p in pts if p.slo_attainment_upper_bound is not None]
+        if up:
+            x, y = zip(*up)
+            ax2.plot(x, [100 * v for v in y], color="#333333", linestyle=":", lw=1.4,
+                     label="certified upper bound on SLO attainment")
+        ax2.set_ylabel(f"SLO attained (%)\n{result.slo}", fontsize=9)
+        ax2.set_ylim(-3, 103)
+        ax2.grid(alpha=0.3)
+    handles, labels = {}, []
+    for a in axes:
+        for h, lab in zip(*a.get_legend_handles_labels()):
+            handles.setdefault(lab, h)
+    fig.legend(list(handles.values()), list(handles), loc="outside right upper", fontsize=8, frameon=False)
+    last = axes[-1]
+    last.set_xscale("log", base=2)
+    if xs and len(xs) <= 12:
+        last.set_xticks(xs, [f"{x:g}" for x in xs])
+        last.minorticks_off()
+    last.set_xlabel("rate factor (arrival times divided by it)")
+    if result.base_rate:
+        rate = result.base_rate
+        top = ax.secondary_xaxis("top", functions=(lambda f: f * rate, lambda r: r / rate))
+        top.set_xlabel("requests per second", fontsize=8)
+        if xs and len(xs) <= 12:
+            top.set_xticks([x * rate for x in xs], [f"{x * rate:.3g}" for x in xs], fontsize=8)
+            top.minorticks_off()
+    ax.set_title(title or f"{obj.replace('_', ' ')} under load", loc="left", fontsize=10)
+    save(fig, out)
+    return fig

@@ -14,12 +14,12 @@ from .. import __version__, interrupt
 from ..errors import InputError, KvboundError
 from ..fileio import check_paths, guarded_stdout
 from ..interrupt import Stopped
-from . import analysis, basic, capacity, executor, solve
+from . import analysis, basic, capacity, executor, headroom, solve
 from .args import Parser, with_flag
 
 #: the command families, in the order `kvbound --help` lists them; none imports torch at import time,
 #: so that the solver works without the `executor` extra
-FAMILIES = (basic, solve, executor, analysis, capacity)
+FAMILIES = (basic, solve, executor, analysis, capacity, headroom)
 
 
 def build_parser() -> Parser:
@@ -39,13 +39,15 @@ IMAGE = (".png", ".svg", ".pdf")
 OUT_SUFFIXES = {("simulate", "out"): (".json",), ("solve", "out"): (".json",), ("solve", "export"): (".mps", ".lp"),
                 ("export", "out"): (".json",), ("import", "out"): (".json",), ("plot", "out"): IMAGE,
                 ("compare", "plot"): IMAGE, ("generate", "out"): (".toml",), ("profile", "out"): (".csv",),
-                ("calibrate", "out"): (".toml",), ("calibrate", "plot"): IMAGE, ("replay", "plot"): IMAGE}
+                ("calibrate", "out"): (".toml",), ("calibrate", "plot"): IMAGE, ("replay", "plot"): IMAGE,
+                ("headroom", "plot"): IMAGE}
 #: arguments naming a folder rather than a file
 OUT_FOLDERS = {("sweep", "out")}
 #: command -> (argument, what it is) for each file it reads; no output may be one of them
 IN_FILES = {"simulate": (("case", "case file"),), "validate": (("case", "case file"), ("schedule", "schedule")),
             "solve": (("case", "case file"),), "bound": (("case", "case file"),), "prove": (("case", "case file"),),
             "compare": (("case", "case file"),), "capacity": (("case", "case file"),),
+            "headroom": (("case", "case file"),),
             "plot": (("schedule", "schedule"), ("case", "case file")),
             "export": (("schedule", "schedule"), ("case", "case file")),
             "import": (("precomputed", "precomputed schedule"), ("case", "case file")),

@@ -1,0 +1,369 @@
+"""Headroom under load: latency-load curves of schedulers against the best schedule kvbound finds and
+the certified lower bound, at several request rates (docs/analysis.md, "kvbound headroom").
+
+`headroom(instance, rates)` scales the case's arrival times by each rate factor f (every arrival time
+divided by f, as `kvbound capacity` does: f = 2 is the same requests at twice the rate) and, at each
+factor, runs `compare(..., solve=True)`: every chosen scheduler simulated and replayed by the
+validator, a solve warm-started from them (its best schedule replayed too), and the best certified
+lower bound of the objective (the analytic bounds and the solve's certified one). Per point:
+
+    lower_bound <= best <= every scheduler's value
+
+where `best` is the least objective value of any validated schedule at that point (the solve's or a
+scheduler's). With an SLO, each scheduler's attainment and `slo_attainment_upper_bound`, a certified
+upper bound on the share of requests any schedule can keep within the SLO (`slo_alone_bound`: each
+request alone; loose, the same at every rate).
+
+`capacity`: each scheduler's own capacity, by the bisection of kvbound.analysis.capacity. With an SLO
+it is Apt-Serve's effective throughput (the largest factor with attainment >= `attainment`); without,
+the largest factor whose objective stays within `within` x the unloaded value (the mean over requests
+of each one alone, a lower bound of every schedule at every rate). `upper_bound`, a certified factor
+above which no schedule can keep up (issue 35, item 2), is not computed yet: it is None and
+`upper_bound_note` says so.
+
+The time limit is shared by the whole call: `CAPACITY_SHARE` of it at most for the capacity searches
+(they stop when converged), then the rest split over the rate points (each point gets the time left
+over the points not started, so a point that ends early leaves its time to the others). `workers` > 1
+runs that many units (capacity searches, then points) at once in a process pool, each point then
+getting `workers` times the time.
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .. import interrupt
+from ..alone import time_alone, token_work
+from ..deadline import Deadline
+from ..errors import InputError, SchedulerRefused, SchedulerStuck
+from ..interrupt import Stopped
+from ..objective import Objective
+from ..schedule import Slo
+from ..solvers.options import DEFAULT_TIME_LIMIT, SolveOptions
+from ..workload import Instance
+from .capacity import LIMIT, base_rate, capacity, latency_capacity, scale_arrivals
+from .compare import COMPLETE, INTERRUPTED, OPTIMAL, TIME_LIMIT, compare, resolve_schedulers
+
+#: the schedulers compared when none are named (those in the registry)
+DEFAULT_SCHEDULERS = ("vllm-v1", "sarathi", "larry", "srpt")
+#: the objectives a headroom curve is drawn for
+HEADROOM_OBJECTIVES = ("mean_latency", "mean_ttft")
+#: the keys of `--json` (a contract: extend, don't rename), in order; the point's and the row's keys
+#: marked "slo" appear only with an SLO
+TOP_KEYS = ("objective", "points", "capacity", "base_rate", "slo", "time_limit", "seconds", "status")
+POINT_KEYS = ("rate_factor", "lower_bound", "bound_certified", "best", "slo_attainment_upper_bound", "rows",
+              "requests_per_second", "bound_source", "best_source", "status", "seconds")
+ROW_KEYS = ("scheduler", "mean_latency", "mean_ttft", "p50_ttft", "p95_ttft", "p99_ttft", "mean_tbt",
+            "slo_attainment", "refused")
+CAPACITY_KEYS = ("upper_bound", "schedulers", "definition", "upper_bound_note", "notes")
+#: the capacity searches take at most this share of the time limit (they end when converged)
+CAPACITY_SHARE = 0.2
+#: the capacity searches' relative bracket width (kvbound.analysis.capacity)
+CAPACITY_TOLERANCE = 0.01
+#: without an SLO, a scheduler's capacity is the largest factor whose objective <= WITHIN x the unloaded value
+DEFAULT_WITHIN = 2.0
+#: seconds kept back from the points for the end of the command (the JSON, a plot), at most a third of the limit
+RESERVE_SECONDS = 1.5
+UPPER_BOUND_NOTE = ("not computed: the certified capacity bound (issue 35, item 2) is not implemented yet; "
+                    "docs/analysis.md, 'kvbound headroom'")
+
+
+@dataclass
+class HeadroomPoint:
+    rate_factor: float
+    requests_per_second: float
+    lower_bound: float | None  # the best certified lower bound of the objective (None: none known)
+    bound_certified: bool
+    best: float | None  # the least objective of any validated schedule at this point
+    rows: list[dict]  # one per scheduler: ROW_KEYS
+    slo_attainment_upper_bound: float | None = None
+    bound_source: str = ""
+    best_source: str = ""  # the scheduler's name, or "optimal (SOURCE)" for the solve's schedule
+    status: str = COMPLETE  # COMPLETE, TIME_LIMIT (a row not simulated in time) or INTERRUPTED
+    seconds: float = 0.0
+
+    def to_json(self, with_slo: bool) -> dict:
+        out = {k: getattr(self, k) for k in POINT_KEYS if k != "rows"}
+        out["rows"] = [{k: r.get(k) for k in ROW_KEYS if k != "slo_attainment" or with_slo} for r in self.rows]
+        if not with_slo:
+            del out["slo_attainment_upper_bound"]
+        return {k: out[k] for k in POINT_KEYS if k in out}
+
+    def value(self, scheduler: str, key: str) -> float | None:
+        for r in self.rows:
+            if r["scheduler"] == scheduler:
+                return r.get(key)
+        return None
+
+
+@dataclass
+class HeadroomResult:
+    objective: str
+    points: list[HeadroomPoint]
+    schedulers: list[str]
+    capacity: dict[str, float | None]  # each scheduler's own capacity (rate factor); None: not found in time
+    capacity_definition: str
+    base_rate: float  # requests per second at rate factor 1
+    slo: Slo | None = None
+    time_limit: float | None = None
+    seconds: float = 0.0
+    capacity_notes: dict[str, str] = field(default_factory=dict)
+    capacity_upper_bound: float | None = None
+    status: str = COMPLETE
+
+    def to_json(self) -> dict:
+        with_slo = self.slo is not None
+        cap = {"upper_bound": self.capacity_upper_bound, "schedulers": dict(self.capacity),
+               "definition": self.capacity_definition,
+               "upper_bound_note": UPPER_BOUND_NOTE if self.capacity_upper_bound is None else "",
+               "notes": dict(self.capacity_notes)}
+        return {"objective": self.objective, "points": [p.to_json(with_slo) for p in self.points], "capacity": cap,
+                "base_rate": self.base_rate, "slo": str(self.slo) if with_slo else None,
+                "time_limit": self.time_limit, "seconds": self.seconds, "status": self.status}
+
+    def to_markdown(self) -> str:
+        """One table: per rate factor, each scheduler's objective, the best found and the bound."""
+        label = Objective(self.objective).label
+        head = ["rate factor", "req/s", *self.schedulers, "best found", "certified bound", "gap best-bound"]
+        lines = [f"*{label} (s) per rate factor; gap = (best - bound) / best*", "",
+                 "| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
+        for p in self.points:
+            vals = [_num(p.value(s, self.objective)) for s in self.schedulers]
+            gap = (f"{100 * (p.best - p.lower_bound) / p.best:.1f}%"
+                   if p.best and p.lower_bound is not None else "n/a")
+            lb = _num(p.lower_bound) + ("" if p.bound_certified or p.lower_bound is None else " (not certified)")
+            lines.append("| " + " | ".join([f"{p.rate_factor:g}", f"{p.requests_per_second:.3g}", *vals,
+                                            _num(p.best), lb, gap]) + " |")
+        caps = ", ".join(f"{s} {_num(f)}" for s, f in self.capacity.items())
+        lines += ["", f"capacity ({self.capacity_definition}): {caps or 'none'}; certified upper bound: "
+                      f"{_num(self.capacity_upper_bound) if self.capacity_upper_bound is not None else 'not computed'}"]
+        return "\n".join(lines)
+
+
+def _num(v) -> str:
+    return "n/a" if v is None else f"{v:.4g}"
+
+
+def parse_rates(rates, source: str = "", field: str = "rates") -> list[float]:
+    """Rate factors from a list or a comma-separated string: finite, > 0, within [2^-20, 2^20];
+    duplicates dropped; ascending."""
+    if isinstance(rates, str):
+        parts = [p.strip() for p in rates.split(",")]
+        if not rates.strip() or any(not p for p in parts):
+            raise InputError(source, field, f"{rates!r}: expected a comma list of rate factors, e.g. 0.5,1,2")
+        values = []
+        for p in parts:
+            try:
+                values.append(float(p))
+            except ValueError:
+                raise InputError(source, field, f"{p!r} is not a number") from None
+    else:
+        values = [float(v) for v in rates]
+    if not values:
+        raise InputError(source, field, "no rate factor given")
+    for v in values:
+        if not (math.isfinite(v) and 1 / LIMIT <= v <= LIMIT):
+            raise InputError(source, field, f"{v:g}: a rate factor must be a finite number in [2^-20, 2^20]")
+    return sorted(set(values))
+
+
+def slo_alone_bound(instance: Instance, slo: Slo) -> float:
+    """A certified upper bound on the share of requests any schedule keeps within `slo`: a request can
+    attain it only if, even alone, its TTFT can be <= slo.ttft (its fewest batches to the first token
+    and its prefill's least work) and, when O >= 2, its least possible gap between two tokens (one
+    batch: the intercept and the least work of one of its tokens) is <= slo.tbt (a percentile of
+    its gaps is at least the smallest). The same at every rate (arrivals do not enter)."""
+    if not len(instance):
+        return 1.0
+    slack = 1 + 1e-6  # generous: an upper bound may only err upwards
+    ttft = time_alone(instance, Objective.MEAN_TTFT)
+    ok = ttft <= slo.ttft * slack
+    cost = instance.cost
+    for i, r in enumerate(instance.requests):
+        if ok[i] and r.output >= 2:
+            ok[i] = cost.intercept + float(token_work(r, cost)[1:].min()) <= slo.tbt * slack
+    return float(ok.mean())
+
+
+def unloaded_value(instance: Instance, objective) -> float:
+    """The objective's mean over requests of each one alone (its fewest batches' intercepts and least
+    work from its arrival): a lower bound of every schedule at every rate."""
+    return float(time_alone(instance, Objective.parse(objective)).mean()) if len(instance) else 0.0
+
+
+# ------------------------------------------------------------------------------ the units of work
+
+def _row(r, objective: str) -> dict:
+    m = r.metrics.to_dict() if r.metrics is not None else {}
+    out = {k: m.get(k) for k in ROW_KEYS if k not in ("scheduler", "refused")}
+    return {"scheduler": r.scheduler, **out, "refused": r.refused}
+
+
+def run_point(instance: Instance, factor: float, names: list[str], options: SolveOptions, slo: Slo | None,
+              seconds: float | None) -> HeadroomPoint:
+    """One rate point: `compare(..., solve=True)` on the scaled case within `seconds` (None: no limit)."""
+    began = time.perf_counter()
+    scaled = scale_arrivals(instance, factor)
+    table = compare(scaled, names, solve=True, options=options, deadline=Deadline(seconds), slo=slo)
+    objective = table.objective_name
+    best_source = ""
+    if table.best_known is not None:
+        best_row = min((r for r in table.rows if r.value(objective) is not None),
+                       key=lambda r: (r.value(objective), r.scheduler == OPTIMAL))  # a tie: the scheduler
+        best_source = best_row.scheduler
+        if best_row.scheduler == OPTIMAL and table.solve_result is not None and table.solve_result.source:
+            best_source = f"{OPTIMAL} ({table.solve_result.source})"
+    rows = [_row(r, objective) for r in table.rows if r.scheduler != OPTIMAL]
+    upper = slo_alone_bound(scaled, slo) if slo is not None else None
+    return HeadroomPoint(factor, base_rate(instance) * factor, table.lower_bound, table.bound_certified,
+                         table.best_known, rows, upper, table.bound_source, best_source, table.status,
+                         round(time.perf_counter() - began, 3))
+
+
+def run_capacity(instance: Instance, scheduler: str, objective: str, slo: Slo | None, attainment: float,
+                 within: float, seconds: float | None) -> tuple[float | None, str]:
+    """One scheduler's capacity within `seconds`: (rate factor, "") or (None or the capped factor, why)."""
+    try:
+        with Deadline(seconds).enforced():
+            if slo is not None:
+                result = capacity(instance, scheduler, slo, attainment, rel_tol=CAPACITY_TOLERANCE)
+            else:
+                limit = within * unloaded_value(instance, objective)
+                result = latency_capacity(instance, scheduler, objective, limit, rel_tol=CAPACITY_TOLERANCE)
+    except Stopped as stop:
+        return None, f"not found: {stop.reason}"
+    except (SchedulerRefused, SchedulerStuck) as exc:
+        return None, f"the scheduler cannot serve the case: {exc}"
+    if result.interrupted:
+        return None, "not found: interrupted"
+    return result.rate_factor, result.cap_note
+
+
+# ------------------------------------------------------------------------------ the whole curve
+
+def headroom(instance: Instance, rates, schedulers=DEFAULT_SCHEDULERS, *, objective: str = "mean_latency",
+             slo: Slo | None = None, attainment: float = 0.7, within: float = DEFAULT_WITHIN,
+             time_limit: float | None = DEFAULT_TIME_LIMIT, options: SolveOptions | None = None,
+             workers: int = 1, progress: Callable[[str], None] | None = None) -> HeadroomResult:
+    """The headroom of `instance` at each rate factor in `rates` (see the module docstring).
+
+    `schedulers`: a list or comma string of scheduler specs (default DEFAULT_SCHEDULERS); `options`:
+    how to solve (its objective and time limit are replaced by `objective` and the share of
+    `time_limit`, the limit of the whole call; None: none). `progress(label)` is called as each unit
+    (a capacity search, a rate point) ends.
+    """
+    t0 = time.perf_counter()
+    deadline = Deadline(time_limit)
+    if str(objective) not in HEADROOM_OBJECTIVES:
+        raise InputError("", "objective", f"{objective!r}: headroom draws {' or '.join(HEADROOM_OBJECTIVES)}")
+    objective = str(Objective.parse(objective))
+    factors = parse_rates(rates)
+    names = resolve_schedulers(schedulers if schedulers is not None else DEFAULT_SCHEDULERS)
+    if not 0 < attainment <= 1:
+        raise InputError("", "attainment", f"must be in (0, 1], got {attainment}")
+    if not (math.isfinite(within) and within >= 1):
+        raise InputError("", "within", f"must be a finite number >= 1 (a multiple of the unloaded value), got {within}")
+    if workers < 1:
+        raise InputError("", "workers", f"{workers}: must be >= 1")
+    rate = base_rate(instance)  # a case without arrival times is bad input here
+    options = (options or SolveOptions()).but(objective=objective)
+    if slo is not None:
+        definition = f"the largest rate factor with SLO attainment >= {attainment:g} at {slo}"
+    else:
+        ref = unloaded_value(instance, objective)
+        definition = (f"the largest rate factor with {Objective(objective).label} <= {within:g} x {ref:.6g} s "
+                      f"(the mean of each request alone, the unloaded value)")
+    # the end of the command (the output, a plot) is kept out of the points' time
+    work = deadline.shifted(-min(RESERVE_SECONDS, deadline.limit / 3)) if math.isfinite(deadline.limit) else deadline
+    cap_units = [("capacity", s) for s in names]
+    point_units = [("point", f) for f in factors]
+    caps: dict[str, float | None] = {}
+    notes: dict[str, str] = {}
+    points: dict[float, HeadroomPoint] = {}
+    status = COMPLETE
+    runner = _Runner(workers)
+    try:
+        cap_deadline = work.share(CAPACITY_SHARE)
+        for (kind, key), out in runner.run(cap_units, cap_deadline, lambda unit, seconds: (
+                run_capacity, (instance, unit[1], objective, slo, attainment, within, seconds))):
+            caps[key], note = out
+            if note:
+                notes[key] = note
+            if progress:
+                progress(f"capacity {key}")
+        for (kind, key), out in runner.run(point_units, work, lambda unit, seconds: (
+                run_point, (instance, unit[1], names, options, slo, seconds))):
+            points[key] = out
+            if progress:
+                progress(f"rate factor {key:g}")
+    except Stopped:
+        if interrupt.requested() is None:
+            raise
+    finally:
+        runner.close()
+    if interrupt.requested() is not None:
+        status = INTERRUPTED
+    elif any(p.status != COMPLETE for p in points.values()) or any(n.startswith("not found") for n in notes.values()):
+        status = TIME_LIMIT
+    for s in names:
+        if s not in caps:
+            caps[s] = None
+            notes.setdefault(s, "not found: interrupted" if status == INTERRUPTED else "not found: time limit")
+    return HeadroomResult(objective, [points[f] for f in factors if f in points], names,
+                          {s: caps[s] for s in names}, definition, rate, slo, time_limit,
+                          round(time.perf_counter() - t0, 3), {s: notes[s] for s in names if s in notes}, None, status)
+
+
+class _Runner:
+    """Runs units one after another here (`workers` 1) or `workers` at a time in a process pool; each
+    unit, when it starts, gets the time left before its group's deadline over the rounds of units not
+    yet started (ceil(left / workers)), so time a unit leaves unused goes to the later ones."""
+
+    def __init__(self, workers: int):
+        self.workers = workers
+        self.pool = None
+
+    def _seconds(self, deadline: Deadline, unstarted: int) -> float | None:
+        if not math.isfinite(deadline.limit):
+            return None
+        return deadline.remaining() / max(1, -(-unstarted // self.workers))
+
+    def run(self, units: list, deadline: Deadline, job: Callable):
+        """Yield (unit, result) as units finish; stops starting units on an interrupt."""
+        if self.workers == 1 or len(units) <= 1:
+            for k, unit in enumerate(units):
+                if interrupt.requested() is not None:
+                    return
+                fn, args = job(unit, self._seconds(deadline, len(units) - k))
+                yield unit, fn(*args)
+            return
+        from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+        if self.pool is None:
+            self.pool = ProcessPoolExecutor(max_workers=self.workers, initializer=interrupt.die_with_parent, initargs=(os.getpid(),))
+        todo, running = list(units), {}
+        while todo or running:
+            while todo and len(running) < self.workers and interrupt.requested() is None:
+                unit = todo.pop(0)
+                fn, args = job(unit, self._seconds(deadline, len(todo) + 1))
+                running[self.pool.submit(fn, *args)] = unit
+            if not running:
+                return
+            done, _ = wait(list(running), timeout=0.25, return_when=FIRST_COMPLETED)
+            if interrupt.requested() is not None:
+                return
+            for future in done:
+                yield running.pop(future), future.result()
+
+    def close(self) -> None:
+        if self.pool is None:
+            return
+        # units still running (an interrupt, an error) are not waited for: a solver in native code can take
+        # long to notice a signal
+        for proc in list((getattr(self.pool, "_processes", None) or {}).values()):
+            proc.terminate()
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.pool = None

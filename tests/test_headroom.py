@@ -1,0 +1,163 @@
+"""`kvbound headroom` and kvbound.analysis.headroom (issue 35, item 1): the JSON contract, the order
+bound <= best <= every scheduler at every point, the plot, bad input, and the library API = the CLI."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvbound import Instance, Request, SystemConfig
+from kvbound.analysis.headroom import (DEFAULT_SCHEDULERS, POINT_KEYS, ROW_KEYS, TOP_KEYS, CAPACITY_KEYS, headroom,
+                                       parse_rates, slo_alone_bound, unloaded_value)
+from kvbound.costs import PRESETS
+from kvbound.errors import InputError
+from kvbound.schedule import Slo
+from tests.conftest import REPO
+
+#: eight Splitwise conversation requests with their arrival times (bench/ground_truth.py)
+CASE = REPO / "cases" / "ground_truth" / "gt_conv_r0_n8_s40_tight_arr.toml"
+EPS = 1e-9
+
+#: three requests, one a second, every batch 1 s: the solve proves each point within a second (deterministic)
+TINY_LINES = ["[system]", "kv_capacity = 16", "max_batch_tokens = 8", "[cost]", 'preset = "unit-batches"']
+for _k, (_i, _o) in enumerate(((4, 3), (6, 2), (3, 4))):
+    TINY_LINES += ["[[requests]]", f"prompt = {_i}", f"output = {_o}", f"arrival = {_k}.0"]
+TINY = "\n".join(TINY_LINES) + "\n"
+
+
+def _check_order(data: dict) -> None:
+    """At every point: bound <= best <= each scheduler's objective (the validator's values)."""
+    obj = data["objective"]
+    for p in data["points"]:
+        assert p["lower_bound"] is not None and p["best"] is not None
+        assert p["lower_bound"] <= p["best"] * (1 + EPS)
+        for r in p["rows"]:
+            assert r["refused"] is None, r
+            assert r[obj] >= p["lower_bound"] * (1 - EPS), (p["rate_factor"], r)
+            assert p["best"] <= r[obj] * (1 + EPS), (p["rate_factor"], r)
+
+
+@pytest.fixture(scope="module")
+def tiny_case(tmp_path_factory):
+    path = tmp_path_factory.mktemp("headroom") / "tiny.toml"
+    path.write_text(TINY)
+    return path
+
+
+def test_cli_json_keeps_the_contract_and_the_order_and_draws_a_png(cli, tmp_path):
+    png = tmp_path / "h.png"
+    rc, out, err = cli("headroom", CASE, "--rates", "2,0.5", "--time-limit", "6", "--json", "--plot", png)
+    assert rc == 0, err
+    data = json.loads(out)
+    assert tuple(data) == TOP_KEYS
+    assert data["objective"] == "mean_latency" and data["status"] == "complete"
+    assert [p["rate_factor"] for p in data["points"]] == [0.5, 2.0]  # ascending
+    for p in data["points"]:
+        assert tuple(p) == tuple(k for k in POINT_KEYS if k != "slo_attainment_upper_bound")
+        assert [r["scheduler"] for r in p["rows"]] == list(DEFAULT_SCHEDULERS)
+        for r in p["rows"]:
+            assert tuple(r) == tuple(k for k in ROW_KEYS if k != "slo_attainment")
+        # the analytic bounds and the solve's are certified ledger bounds, and say which one it is
+        assert p["bound_certified"] is True and p["bound_source"]
+        assert p["requests_per_second"] == pytest.approx(p["rate_factor"] * data["base_rate"])
+    _check_order(data)
+    assert tuple(data["capacity"]) == CAPACITY_KEYS
+    assert data["capacity"]["upper_bound"] is None and "item 2" in data["capacity"]["upper_bound_note"]
+    caps = data["capacity"]["schedulers"]
+    assert list(caps) == list(DEFAULT_SCHEDULERS) and all(c is None or c > 0 for c in caps.values())
+    assert "2 x" in data["capacity"]["definition"]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_with_slo_reports_attainment_under_its_certified_upper_bound(cli):
+    rc, out, err = cli("headroom", CASE, "--rates", "1,8", "--slo", "ttft=0.006,tbt=0.005", "--objective", "mean_ttft",
+                       "--schedulers", "sarathi,srpt", "--time-limit", "5", "--json")
+    assert rc == 0, err
+    data = json.loads(out)
+    assert data["objective"] == "mean_ttft" and data["slo"] == "ttft=0.006,tbt=0.005"
+    for p in data["points"]:
+        assert tuple(p) == POINT_KEYS
+        assert 0 <= p["slo_attainment_upper_bound"] <= 1
+        for r in p["rows"]:
+            assert tuple(r) == ROW_KEYS
+            assert r["slo_attainment"] <= p["slo_attainment_upper_bound"] + EPS
+    _check_order(data)
+    assert "attainment >= 0.7" in data["capacity"]["definition"]
+
+
+def test_the_slo_bound_counts_only_requests_that_could_attain_it_alone():
+    inst = Instance(tuple(Request(4, 3, float(k)) for k in range(4)), SystemConfig(64, 8), PRESETS["unit-batches"])
+    assert slo_alone_bound(inst, Slo(ttft=1.0, tbt=1.0)) == 1.0  # one batch each: a prefill, then decodes
+    assert slo_alone_bound(inst, Slo(ttft=0.5, tbt=1.0)) == 0.0  # no first token within half a batch
+    assert slo_alone_bound(inst, Slo(ttft=1.0, tbt=0.5)) == 0.0  # no two tokens within half a batch
+    one = Instance((Request(4, 1), Request(4, 3, 1.0)), inst.system, inst.cost)
+    assert slo_alone_bound(one, Slo(ttft=1.0, tbt=0.5)) == 0.5  # O = 1 has no gaps to miss
+    assert unloaded_value(inst, "mean_latency") == pytest.approx(3.0)  # three batches alone
+
+
+def test_library_api_returns_what_the_cli_prints(cli, tiny_case):
+    from kvbound.io.cases import load_case
+
+    rc, out, err = cli("headroom", tiny_case, "--rates", "0.5,2", "--time-limit", "8", "--json")
+    assert rc == 0, err
+    printed = json.loads(out)
+    result = headroom(load_case(tiny_case), [0.5, 2], time_limit=8)
+    assert result.status == "complete"
+    library = json.loads(json.dumps(result.to_json()))  # the same encoding (tuples, floats)
+
+    def timeless(d: dict) -> dict:
+        d = dict(d, seconds=None)
+        d["points"] = [dict(p, seconds=None) for p in d["points"]]
+        return d
+
+    assert timeless(library) == timeless(printed)
+    _check_order(printed)
+    assert result.points[1].best > result.points[0].best  # twice the rate: the requests wait
+
+
+def test_a_process_pool_gives_the_same_points(tiny_case):
+    from kvbound.io.cases import load_case
+
+    inst = load_case(tiny_case)
+    one = headroom(inst, "0.5,2", ["sarathi", "srpt"], time_limit=8, workers=1).to_json()
+    two = headroom(inst, "0.5,2", ["sarathi", "srpt"], time_limit=8, workers=2).to_json()
+    for a, b in zip(one["points"], two["points"]):
+        assert {k: v for k, v in a.items() if k != "seconds"} == {k: v for k, v in b.items() if k != "seconds"}
+    assert one["capacity"] == two["capacity"]
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--rates", "0,1"], "--rates: 0: a rate factor must be"),
+    (["--rates", "1,x"], "--rates: 'x' is not a number"),
+    (["--rates", "1,,2"], "--rates:"),
+    (["--rates", "nan"], "--rates: nan"),
+    (["--rates", "1", "--objective", "total_latency"], "--objective"),
+    (["--rates", "1", "--schedulers", "nosuch"], "nosuch"),
+    (["--rates", "1", "--slo", "ttft=1"], "tbt is missing"),
+    (["--rates", "1", "--plot", "out.txt"], "out.txt: --plot: the file name must end in"),
+    (["--rates", "1", "--within", "0.5"], "--within"),
+])
+def test_bad_input_is_one_error_line_exit_2(cli, tmp_path, argv, needle):
+    argv = [a if a != "out.txt" else str(tmp_path / "out.txt") for a in argv]
+    rc, out, err = cli("headroom", CASE, *argv, "--time-limit", "2", "--json")
+    assert rc == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and err.startswith("error: ") and "Traceback" not in err, err
+    assert needle in err, err
+    assert not (tmp_path / "out.txt").exists()
+
+
+def test_a_case_without_arrival_times_is_bad_input(cli, tmp_path):
+    png = tmp_path / "h.png"
+    rc, out, err = cli("headroom", REPO / "cases" / "example.toml", "--rates", "1,2", "--plot", png)
+    assert rc == 2 and out == "" and err.startswith("error: ") and "same time" in err, err
+    assert not png.exists()  # nothing half-written
+    rc, out, err = cli("headroom", tmp_path / "missing.toml", "--rates", "1")
+    assert rc == 2 and err.startswith("error: ") and "missing.toml" in err and len(err.strip().splitlines()) == 1
+
+
+def test_parse_rates():
+    assert parse_rates("4, 1,0.25,1") == [0.25, 1.0, 4.0]
+    assert parse_rates([2, 0.5]) == [0.5, 2.0]
+    for bad in ("", "0", "-1", "inf", "1e7", []):
+        with pytest.raises(InputError):
+            parse_rates(bad)
