@@ -103,6 +103,7 @@ def test_library_api_returns_what_the_cli_prints(cli, tiny_case):
     printed = json.loads(out)
     result = headroom(load_case(tiny_case), [0.5, 2], time_limit=8)
     assert result.status == "complete"
+    assert result.seconds <= 8 + 2  # the whole call keeps its time limit within max(2 s, 10%)
     library = json.loads(json.dumps(result.to_json()))  # the same encoding (tuples, floats)
 
     def timeless(d: dict) -> dict:
