@@ -81,7 +81,8 @@ class HeadroomPoint:
     rows: list[dict]  # one per scheduler: ROW_KEYS
     slo_attainment_upper_bound: float | None = None
     bound_source: str = ""
-    best_source: str = ""  # the scheduler's name, or "optimal (SOURCE)" for the solve's schedule
+    best_source: str = ""  # the scheduler's name, or the solve's row label ("optimal (proven)" or "optimal (best
+    #                        found, not proven)") and where its schedule came from
     status: str = COMPLETE  # COMPLETE, TIME_LIMIT (a row not simulated in time) or INTERRUPTED
     seconds: float = 0.0
 
@@ -213,9 +214,9 @@ def run_point(instance: Instance, factor: float, names: list[str], options: Solv
     if table.best_known is not None:
         best_row = min((r for r in table.rows if r.value(objective) is not None),
                        key=lambda r: (r.value(objective), r.scheduler == OPTIMAL))  # a tie: the scheduler
-        best_source = best_row.scheduler
+        best_source = best_row.label  # the solve's row says whether it is proven
         if best_row.scheduler == OPTIMAL and table.solve_result is not None and table.solve_result.source:
-            best_source = f"{OPTIMAL} ({table.solve_result.source})"
+            best_source = f"{best_row.label}: {table.solve_result.source}"
     rows = [_row(r, objective) for r in table.rows if r.scheduler != OPTIMAL]
     upper = slo_alone_bound(scaled, slo) if slo is not None else None
     return HeadroomPoint(factor, base_rate(instance) * factor, table.lower_bound, table.bound_certified,
