@@ -1,7 +1,7 @@
 """The block bound (issue 33, item 2) against today's bounds: the ground-truth set and real cases with arrivals.
 
     python bench/bench_blocks.py gt   [--sizes 3,4] [--exact-seconds 4] [--limit 30] [--cases NAME,...]
-    python bench/bench_blocks.py real [--sizes 2,3,4] [--limit 60] [--cases NAME,...]
+    python bench/bench_blocks.py real [--sizes 2,3,4,6,8] [--limit 60] [--cases NAME,...]
     python bench/bench_blocks.py solve [--cases NAME:LIMIT,...]   # `kvbound solve --objective mean_latency --json`
     python bench/bench_blocks.py report          # bench/results/blocks.md from bench/results/blocks.json
 
@@ -276,7 +276,7 @@ def main() -> int:
         args.sizes, args.limit = args.sizes or "3,4", args.limit or 30.0
         run_gt(args)
     elif args.what == "real":
-        args.sizes, args.limit = args.sizes or "2,3,4", args.limit or 60.0
+        args.sizes, args.limit = args.sizes or "2,3,4,6,8", args.limit or 60.0
         run_real(args)
     elif args.what == "solve":
         run_solve(args)

@@ -37,7 +37,7 @@ from .analytic import (_least_progress_cost, _skipped_intercepts, _token_steps, 
 from .base import Bound, Stage, register
 
 #: the block sizes tried, smallest first (blocks of one are the singletons: their gain is 0)
-BLOCK_SIZES = (2, 3, 4)
+BLOCK_SIZES = (2, 3, 4, 6, 8)
 #: instances of at most this many requests get no blocks (one block of all is the instance itself)
 MIN_REQUESTS = 10
 #: the most seconds one block's pricing may take (else an equal share of the time left)
@@ -261,7 +261,7 @@ def _disjoint(members) -> bool:
 
 def candidate_blocks(instance: Instance, objective: Objective, sizes=BLOCK_SIZES) -> list[tuple[int, ...]]:
     """Blocks worth pricing, in the order to price them: requests in order of arrival (then of their
-    time alone), windows of each size with half-size strides (the LP chooses among overlapping ones).
+    time alone), every window of each size (the LP chooses among overlapping ones).
     With arrivals only requests close in time can share batches; a block's arrival spread is paid in
     full (`BlockFamily.spread`), so windows whose spread exceeds the block's time alone are left out."""
     n = len(instance)
@@ -272,11 +272,7 @@ def candidate_blocks(instance: Instance, objective: Objective, sizes=BLOCK_SIZES
     for m in sizes:
         if m >= n:
             continue
-        stride = max(1, m // 2)
-        starts = list(range(0, n - m + 1, stride))
-        if starts[-1] != n - m:
-            starts.append(n - m)
-        for s in starts:
+        for s in range(n - m + 1):
             window = order[s:s + m]
             if float((a[s:s + m] - a[s]).sum()) <= float(own[window].sum()):
                 out.append(tuple(int(i) for i in window))
