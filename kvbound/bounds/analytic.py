@@ -161,6 +161,21 @@ def pairwise_work_waits(instance: Instance, objective: Objective) -> float:
     the same holds with each request's first prefill work and its first token. docs/formulation.md,
     "Bounds".
     """
+    order, rows = pair_rows(instance, objective)
+    total, extra = 0.0, np.zeros(len(order))  # extra: per request, what its best earlier partner adds with intercepts
+    for later, pair, gain in rows:
+        total += float(pair.sum())
+        if gain is not None:
+            extra[later] = np.maximum(extra[later], gain)
+    return total + float(extra.sum())
+
+
+def pair_rows(instance: Instance, objective: Objective):
+    """The terms of `pairwise_work_waits`, one request r at a time in arrival order: `order` (the
+    requests by arrival) and, for each r but the last, (`later`: the positions in `order` of the
+    requests q arriving while r can still be working, `pair`: min(r's work left at a_q, W_q) for
+    each, `gain`: for mean latency what each q adds with r's later intercepts over `pair`, None for
+    first tokens). The block bound (blocks.py) reads them per pair."""
     cost = instance.cost
     order = np.argsort(instance.arrivals, kind="stable")
     arrivals = instance.arrivals[order]
@@ -174,23 +189,27 @@ def pairwise_work_waits(instance: Instance, objective: Objective) -> float:
         work = np.array([float(w.sum()) for _, w in steps])
         reach = np.searchsorted(arrivals, arrivals + np.array([t[-1] for t, _ in steps]), side="left")
         least = [_least_progress_cost(instance, int(i), w) for i, (_, w) in zip(order, steps)]
-        extra = np.zeros(len(order))  # per request: what its best earlier partner adds with intercepts
-    total = 0.0
-    for k in range(len(order) - 1):
-        later = slice(k + 1, max(k + 1, int(reach[k])))
-        gap = arrivals[later] - arrivals[k]
-        left = np.maximum(work[k] - gap, 0.0)
-        if steps is not None:
-            times, token_work_k = steps[k]
-            reached = np.searchsorted(times, gap, side="right")  # the most tokens r can have at a_q
-            left = np.maximum(left, _work_left_after(times, token_work_k, gap, reached))
-        pair = np.minimum(left, work[later])
-        total += float(pair.sum())
-        if steps is not None and len(gap):
-            late = np.maximum(len(times) - 1 - reached, 0)  # r's batches that start after a_q
-            waited = left + cost.intercept * late + _skipped_intercepts(least[later], late)
-            extra[later] = np.maximum(extra[later], np.minimum(waited, work[later]) - pair)
-    return total if steps is None else total + float(extra.sum())
+
+    positions = np.arange(len(order))
+
+    def rows():
+        for k in range(len(order) - 1):
+            later = slice(k + 1, max(k + 1, int(reach[k])))
+            gap = arrivals[later] - arrivals[k]
+            left = np.maximum(work[k] - gap, 0.0)
+            if steps is not None:
+                times, token_work_k = steps[k]
+                reached = np.searchsorted(times, gap, side="right")  # the most tokens r can have at a_q
+                left = np.maximum(left, _work_left_after(times, token_work_k, gap, reached))
+            pair = np.minimum(left, work[later])
+            gain = None
+            if steps is not None and len(gap):
+                late = np.maximum(len(times) - 1 - reached, 0)  # r's batches that start after a_q
+                waited = left + cost.intercept * late + _skipped_intercepts(least[later], late)
+                gain = np.minimum(waited, work[later]) - pair
+            yield positions[later], pair, gain
+
+    return order, rows()
 
 
 def _least_progress_cost(instance: Instance, i: int, work: np.ndarray) -> np.ndarray:

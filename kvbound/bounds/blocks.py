@@ -27,13 +27,12 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from ..alone import prefill_work, time_alone
+from ..alone import time_alone
 from ..deadline import Deadline
 from ..objective import Objective
 from ..schedule import Batch, Schedule, validate
 from ..workload import Instance
-from .analytic import (_least_progress_cost, _skipped_intercepts, _token_steps, _work_left_after,
-                       analytic_bounds, completion_order_bounds)
+from .analytic import analytic_bounds, completion_order_bounds, pair_rows
 from .base import Bound, Stage, register
 
 #: the block sizes tried, smallest first (blocks of one are the singletons: their gain is 0)
@@ -53,35 +52,14 @@ def pair_waits(instance: Instance, objective: Objective) -> tuple[np.ndarray, np
     best earlier partner's later batches, over that pair's P (`analytic._skipped_intercepts`); it
     spends q's own batches and that one pair, so it counts only where neither is in a block. For
     first tokens, prefill work and no E. sum P / 2 + sum E is the pairwise bound's sum."""
-    n, cost = len(instance), instance.cost
-    order = np.argsort(instance.arrivals, kind="stable")
-    arrivals = instance.arrivals[order]
+    n = len(instance)
     out, extra = np.zeros((n, n)), np.zeros(n)
-    if objective.first_token:
-        work = prefill_work(instance.prompts[order], cost)
-        reach = np.searchsorted(arrivals, arrivals + work, side="left")
-        steps = None
-    else:
-        first_prefill = time_alone(instance, Objective.MEAN_TTFT)
-        steps = [_token_steps(instance, int(i), first_prefill[i]) for i in order]
-        work = np.array([float(w.sum()) for _, w in steps])
-        reach = np.searchsorted(arrivals, arrivals + np.array([t[-1] for t, _ in steps]), side="left")
-        least = [_least_progress_cost(instance, int(i), w) for i, (_, w) in zip(order, steps)]
-    for k in range(n - 1):
-        later = slice(k + 1, max(k + 1, int(reach[k])))
-        gap = arrivals[later] - arrivals[k]
-        left = np.maximum(work[k] - gap, 0.0)
-        if steps is not None:
-            times, token_work_k = steps[k]
-            reached = np.searchsorted(times, gap, side="right")
-            left = np.maximum(left, _work_left_after(times, token_work_k, gap, reached))
-        pair = np.minimum(left, work[later])
+    order, rows = pair_rows(instance, objective)
+    for k, (later, pair, gain) in enumerate(rows):
         out[order[k], order[later]] = pair
-        if steps is not None and len(gap):
-            late = np.maximum(len(times) - 1 - reached, 0)
-            waited = left + cost.intercept * late + _skipped_intercepts(least[later], late)
+        if gain is not None:
             q = order[later]
-            extra[q] = np.maximum(extra[q], np.minimum(waited, work[later]) - pair)
+            extra[q] = np.maximum(extra[q], gain)
     return out + out.T, extra
 
 
