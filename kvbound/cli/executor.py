@@ -19,7 +19,7 @@ from ..fileio import write_user_file
 from ..io.cases import load_case, load_cost_file
 from ..io.schedules import load_schedule
 from ..schedule import ScheduleError, validate
-from .args import positive, seed
+from .args import MAX_INT, number, positive, seed
 
 #: where `calibrate` looks for GPU operator profiles unless --profiling names a folder
 PROFILING_ENV = "KVBOUND_PROFILING"
@@ -53,7 +53,7 @@ def register(sub) -> None:
     p.add_argument("--knees", type=_knees, default=None,
                    help="batch-token counts where the per-token slope may bend, e.g. 256 or 256,1024; 'none' for the "
                         "plain six-coefficient fit (default: picked by 5-fold cross-validation on the fitted batches)")
-    p.add_argument("--decode-share", type=_share, default=None, metavar="S",
+    p.add_argument("--decode-share", type=number(float, 0, 1), default=None, metavar="S",
                    help="the decode-only batches together weigh this share of the fit (0 to 1; default: every batch "
                         "the same). For a CUDA profile use 0.5: decode-only batches replay full CUDA graphs with a "
                         "smaller fixed cost than the rest, and they are most of what schedules run (docs/executor.md)")
@@ -87,16 +87,9 @@ def _executor_options(p, *, shape_required: bool) -> None:
     p.add_argument("--no-graphs", action="store_true",
                    help="run every batch eagerly (on cuda decode-only batches replay captured CUDA graphs by default, "
                         "and mixed ones piecewise graphs); use the same setting to profile and to replay")
-    p.add_argument("--piecewise-tokens", type=nonneg_int, default=None, metavar="N",
+    p.add_argument("--piecewise-tokens", type=number(int, 0, MAX_INT), default=None, metavar="N",
                    help="on cuda, mixed and prefill batches of up to N tokens run as piecewise CUDA graphs, larger "
                         "ones eagerly (default 1024; 0: all eagerly); use the same setting to profile and to replay")
-
-
-def nonneg_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
 
 
 def _torch(device: str):
@@ -153,16 +146,6 @@ def _knees(text: str) -> tuple[int, ...]:
     if any(k < 1 for k in knees) or any(b <= a for a, b in zip(knees, knees[1:])):
         raise argparse.ArgumentTypeError(f"{text!r}: knees must be increasing integers >= 1")
     return knees
-
-
-def _share(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {value:g}")
-    return value
 
 
 def cmd_calibrate(args) -> int:
