@@ -166,7 +166,7 @@ def main() -> int:
         lines += [f"Tuned (`--tune`, {len(TUNE_POINTS)} points: {', '.join(f'{b} x {c}' for b, c in TUNE_POINTS)}): "
                   f"layout {best.layout}, {best.decode}, written to `{path.relative_to(ROOT)}`. Best ten "
                   "(geometric mean of time over the best time at each point):", "", "```", *log, "```", ""]
-    tuned = kernel_config(name) if DEVICE == "cuda" or not args.tune else best
+    tuned = kernel_config(torch.device(DEVICE)) if DEVICE == "cuda" or not args.tune else best
     default = KernelConfig()
     lines += [f"Settings: `default` {default.layout} {default.decode}; `tuned` {tuned.layout} {tuned.decode}.", "",
               "| batch | context | settings | splits | KV read (GB) | time (ms) | GB/s | of copy |",

@@ -64,7 +64,7 @@ class ModelRunner:
         self.dummy_block = num_blocks
         # the pool's memory layout: the one tuned for this GPU's kernels (kernels/tuning.py)
         on_gpu = self.device.type == "cuda" and self.kernels == "triton"
-        self.kv_layout = kernel_config(torch.cuda.get_device_name(self.device) if on_gpu else None).layout
+        self.kv_layout = kernel_config(self.device if on_gpu else None).layout
         pool = (num_blocks + 1, block_size, shape.kv_heads, shape.head_dim)
         self.kv_caches = [tuple(new_pool(*pool, layout=self.kv_layout, dtype=self.dtype, device=self.device)
                                 for _ in "kv") for _ in range(shape.layers)]

@@ -176,10 +176,6 @@ def _pool_strides(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[int, in
     return k_cache.stride(0), k_cache.stride(1), k_cache.stride(2)
 
 
-def _device_config(device: torch.device) -> DecodeConfig:
-    return kernel_config(torch.cuda.get_device_name(device) if device.type == "cuda" else None).decode
-
-
 def write_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:
     """Store the K and V rows `[T, kv_heads, head_dim]` of T new tokens at their pool slots `[T]`."""
@@ -207,7 +203,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         return out
     _check_rows("q", q)
     _check_rows("out", out)
-    config = config or _device_config(q.device)
+    config = config or kernel_config(q.device).decode
     group = heads // kv_heads
     splits = batch.num_splits
     if splits > 1:

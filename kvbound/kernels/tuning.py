@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+import torch
+
 from .layout import KV_LAYOUTS
 
 TUNED_DIR = Path(__file__).resolve().parent / "tuned"
@@ -64,9 +66,10 @@ def tuned_path(device_name: str) -> Path:
 
 
 @lru_cache(maxsize=None)
-def kernel_config(device_name: str | None) -> KernelConfig:
-    """The tuned settings of this GPU model, or the defaults (also for None: not a GPU)."""
-    if device_name is None:
+def kernel_config(device: torch.device | None) -> KernelConfig:
+    """The tuned settings of `device`'s GPU model, or the defaults (also for None or a CPU). Cached:
+    the kernels ask once per launch."""
+    if device is None or device.type != "cuda":
         return KernelConfig()
-    path = tuned_path(device_name)
+    path = tuned_path(torch.cuda.get_device_name(device))
     return KernelConfig.from_json(path.read_text()) if path.exists() else KernelConfig()
