@@ -3,7 +3,7 @@
     python bench/bench_blocks.py gt   [--sizes 3,4] [--exact-seconds 4] [--limit 30] [--cases NAME,...]
     python bench/bench_blocks.py real [--sizes 2,3,4,6,8] [--limit 60] [--cases NAME,...]
     python bench/bench_blocks.py solve [--cases NAME:LIMIT,...]   # `kvbound solve --objective mean_latency --json`
-    python bench/bench_blocks.py report          # bench/results/blocks.md from bench/results/blocks.json
+    python bench/bench_blocks.py report          # bench/results/blocks.md from bench/results/runs/blocks.json
 
 gt: for every instance of bench/results/ground_truth.json and both mean objectives, as shares of
 its optimum (or of the chain MIP's best where not proven: then upper estimates of the shares):
@@ -23,7 +23,7 @@ solve: `kvbound solve bench/cases_real/NAME.toml --objective mean_latency --time
 (the block bound as the search runs it), its block row beside the pairwise bound and the best, and
 the run recorded in bench/results/real_rebound.md before the block bound (same limit).
 
-Each run adds its rows to bench/results/blocks.json (keyed by case, objective and kind) and rewrites
+Each run adds its rows to bench/results/runs/blocks.json (keyed by case, objective and kind) and rewrites
 bench/results/blocks.md. One process, no parallelism (the machine is shared).
 """
 from __future__ import annotations
@@ -50,7 +50,7 @@ from kvbound.solvers.driver import solve
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
-OUT_JSON, OUT_MD = RESULTS / "blocks.json", RESULTS / "blocks.md"
+OUT_JSON, OUT_MD = RESULTS / "runs" / "blocks.json", RESULTS / "blocks.md"
 REAL_CASES = ("splitwise_code_30_loose_arr", "splitwise_conv_100_loose_arr", "splitwise_code_300_loose_arr")
 OBJECTIVES = (Objective.MEAN_LATENCY, Objective.MEAN_TTFT)
 

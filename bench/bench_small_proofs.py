@@ -87,7 +87,9 @@ def report(rows: list[dict], args, argv: list[str]) -> None:
         opt = "-" if r["optimum"] is None else f"{r['optimum']:.6g}"
         lines.append(f"| {r['case']} | {r['objective']} | {opt} | {r['status']} | {r['seconds']:.2f} | {r['proved_by']} |")
     out.write_text("\n".join(lines) + "\n")
-    out.with_suffix(".json").write_text(json.dumps(rows, indent=1) + "\n")
+    rows_file = out.parent / "runs" / out.with_suffix(".json").name  # the rows: run data, in the runs folder
+    rows_file.parent.mkdir(exist_ok=True)
+    rows_file.write_text(json.dumps(rows, indent=1) + "\n")
 
 
 def main(argv=None) -> int:
@@ -97,7 +99,7 @@ def main(argv=None) -> int:
     parser.add_argument("--time-limit", type=float, default=10.0)
     parser.add_argument("--solver", default="highs")
     parser.add_argument("--cases", nargs="*", default=[], help="case files solved too (no oracle: too large)")
-    parser.add_argument("--out", default=None, help="markdown table here (and .json beside it)")
+    parser.add_argument("--out", default=None, help="markdown table here (and its rows as .json in the runs/ folder beside it)")
     args = parser.parse_args(argv)
 
     from kvbound.io import load_case

@@ -216,7 +216,8 @@ def _selected(only: str | None):
 # ----------------------------------------------------------------------------------------- exact
 
 def load_module(name: str, path: Path):
-    """A module from its file (the oracle is test code, this script is no package): sys.path untouched."""
+    """A module from its file (the oracle is test code, this script is no package), imported without
+    adding its folder to the import path."""
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses look their module up there
