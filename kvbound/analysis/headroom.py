@@ -11,8 +11,10 @@ lower bound of the objective (the analytic bounds and the solve's certified one)
 
 where `best` is the least objective value of any validated schedule at that point (the solve's or a
 scheduler's). With an SLO, each scheduler's attainment and `slo_attainment_upper_bound`, a certified
-upper bound on the share of requests any schedule can keep within the SLO (`slo_alone_bound`: each
-request alone; loose, the same at every rate).
+upper bound on the share of requests any schedule can keep within the SLO: the least of
+`slo_alone_bound` (each request alone; the same at every rate) and kvbound.analysis.slo_bound's
+prefill-deadline relaxation (the first prefills of the requests on time fit one machine's time line
+within [arrival, arrival + S]).
 
 `capacity`: each scheduler's own capacity, by the bisection of kvbound.analysis.capacity. With an SLO
 it is Apt-Serve's effective throughput (the largest factor with attainment >= `attainment`); without,
@@ -46,6 +48,7 @@ from ..solvers.options import DEFAULT_TIME_LIMIT, SolveOptions
 from ..workload import Instance
 from .capacity import LIMIT, base_rate, capacity, latency_capacity, scale_arrivals
 from .compare import COMPLETE, INTERRUPTED, OPTIMAL, TIME_LIMIT, compare, resolve_schedulers
+from .slo_bound import slo_attainment_upper_bound
 
 #: the schedulers compared when none are named (those in the registry)
 DEFAULT_SCHEDULERS = ("vllm-v1", "sarathi", "larry", "srpt")
@@ -218,7 +221,7 @@ def run_point(instance: Instance, factor: float, names: list[str], options: Solv
         if best_row.scheduler == OPTIMAL and table.solve_result is not None and table.solve_result.source:
             best_source = f"{best_row.label}: {table.solve_result.source}"
     rows = [_row(r, objective) for r in table.rows if r.scheduler != OPTIMAL]
-    upper = slo_alone_bound(scaled, slo) if slo is not None else None
+    upper = min(slo_alone_bound(scaled, slo), slo_attainment_upper_bound(scaled, slo)) if slo is not None else None
     return HeadroomPoint(factor, base_rate(instance) * factor, table.lower_bound, table.bound_certified,
                          table.best_known, rows, upper, table.bound_source, best_source, table.status,
                          round(time.perf_counter() - began, 3))
