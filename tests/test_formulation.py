@@ -534,12 +534,12 @@ def test_one_machine_bound_takes_each_request_s_own_time_too():
 
 
 def test_shortest_remaining_time_first_on_one_machine():
-    from kvbound.bounds.analytic import _srpt_completions
+    from kvbound.bounds.analytic import srpt_completions
 
     # A (10 s) at 0 is preempted by B (2 s) at 1: B done at 3, A at 12; a job never waits idle
-    assert _srpt_completions(np.array([0.0, 1.0]), np.array([10.0, 2.0])).tolist() == [3.0, 12.0]
-    assert _srpt_completions(np.array([0.0, 5.0]), np.array([1.0, 1.0])).tolist() == [1.0, 6.0]
-    assert _srpt_completions(np.array([0.0, 0.0, 0.0]), np.array([3.0, 1.0, 2.0])).tolist() == [1.0, 3.0, 6.0]
+    assert srpt_completions(np.array([0.0, 1.0]), np.array([10.0, 2.0])).tolist() == [3.0, 12.0]
+    assert srpt_completions(np.array([0.0, 5.0]), np.array([1.0, 1.0])).tolist() == [1.0, 6.0]
+    assert srpt_completions(np.array([0.0, 0.0, 0.0]), np.array([3.0, 1.0, 2.0])).tolist() == [1.0, 3.0, 6.0]
 
 
 def test_one_machine_bound_counts_the_backlog_of_a_burst():

@@ -7,10 +7,12 @@ import json
 import pytest
 
 from kvbound import Instance, Request, SystemConfig
+from kvbound.analysis.capacity_bound import capacity_upper_bound
 from kvbound.analysis.headroom import (DEFAULT_SCHEDULERS, POINT_KEYS, ROW_KEYS, TOP_KEYS, CAPACITY_KEYS, headroom,
                                        parse_rates, slo_alone_bound, unloaded_value)
 from kvbound.costs import PRESETS
 from kvbound.errors import InputError
+from kvbound.io.cases import load_case
 from kvbound.schedule import Slo
 from tests.conftest import REPO
 
@@ -62,9 +64,15 @@ def test_cli_json_keeps_the_contract_and_the_order_and_draws_a_png(cli, tmp_path
         assert p["requests_per_second"] == pytest.approx(p["rate_factor"] * data["base_rate"])
     _check_order(data)
     assert tuple(data["capacity"]) == CAPACITY_KEYS
-    assert data["capacity"]["upper_bound"] is None and "item 2" in data["capacity"]["upper_bound_note"]
     caps = data["capacity"]["schedulers"]
     assert list(caps) == list(DEFAULT_SCHEDULERS) and all(c is None or c > 0 for c in caps.values())
+    # the certified capacity bound: no scheduler's capacity (measured against the same limit) is above it
+    upper, note = data["capacity"]["upper_bound"], data["capacity"]["upper_bound_note"]
+    inst = load_case(CASE)
+    expected = capacity_upper_bound(inst, "mean_latency", 2 * unloaded_value(inst, "mean_latency"))
+    assert upper == expected.factor and expected.covered_by in note
+    if upper is not None:
+        assert all(c is None or c <= upper * (1 + 0.011) for c in caps.values())  # the capacity's 1% bracket
     assert "2 x" in data["capacity"]["definition"]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -83,6 +91,7 @@ def test_cli_with_slo_reports_attainment_under_its_certified_upper_bound(cli):
             assert r["slo_attainment"] <= p["slo_attainment_upper_bound"] + EPS
     _check_order(data)
     assert "attainment >= 0.7" in data["capacity"]["definition"]
+    assert data["capacity"]["upper_bound"] is None and "--slo" in data["capacity"]["upper_bound_note"]
 
 
 def test_the_slo_bound_counts_only_requests_that_could_attain_it_alone():

@@ -46,6 +46,7 @@ from ..objective import Objective
 from ..schedule import Slo
 from ..solvers.options import DEFAULT_TIME_LIMIT, SolveOptions
 from ..workload import Instance
+from .capacity_bound import capacity_upper_bound
 from .capacity import LIMIT, base_rate, capacity, latency_capacity, scale_arrivals
 from .compare import COMPLETE, INTERRUPTED, OPTIMAL, TIME_LIMIT, compare, resolve_schedulers
 from .slo_bound import slo_attainment_upper_bound
@@ -70,8 +71,9 @@ CAPACITY_TOLERANCE = 0.01
 DEFAULT_WITHIN = 2.0
 #: seconds kept back from the points for the end of the command (the JSON, a plot), at most a third of the limit
 RESERVE_SECONDS = 1.5
-UPPER_BOUND_NOTE = ("not computed: the certified capacity bound (issue 35, item 2) is not implemented yet; "
-                    "docs/analysis.md, 'kvbound headroom'")
+#: `upper_bound_note` where the certified capacity bound is not computed
+UPPER_BOUND_WITH_SLO = ("not computed with --slo: the certified capacity bound is for the mean objective's limit "
+                        "(without --slo); docs/analysis.md, 'The certified capacity bound'")
 
 
 @dataclass
@@ -116,13 +118,14 @@ class HeadroomResult:
     seconds: float = 0.0
     capacity_notes: dict[str, str] = field(default_factory=dict)
     capacity_upper_bound: float | None = None
+    capacity_upper_bound_note: str = ""  # how the factor is certified, or why it is None
     status: str = COMPLETE
 
     def to_json(self) -> dict:
         with_slo = self.slo is not None
         cap = {"upper_bound": self.capacity_upper_bound, "schedulers": dict(self.capacity),
                "definition": self.capacity_definition,
-               "upper_bound_note": UPPER_BOUND_NOTE if self.capacity_upper_bound is None else "",
+               "upper_bound_note": self.capacity_upper_bound_note,
                "notes": dict(self.capacity_notes)}
         return {"objective": self.objective, "points": [p.to_json(with_slo) for p in self.points], "capacity": cap,
                 "base_rate": self.base_rate, "slo": str(self.slo) if with_slo else None,
@@ -246,6 +249,24 @@ def run_capacity(instance: Instance, scheduler: str, objective: str, slo: Slo | 
     return result.rate_factor, result.cap_note
 
 
+def run_capacity_bound(instance: Instance, objective: str, within: float | None,
+                       seconds: float | None) -> tuple[float | None, str]:
+    """The certified capacity bound (kvbound.analysis.capacity_bound) for `within` x the unloaded value
+    within `seconds`: (factor or None, how it is certified or why there is none). `within` None: an SLO
+    was given, and the bound is not for it."""
+    if within is None:
+        return None, UPPER_BOUND_WITH_SLO
+    try:
+        with Deadline(seconds).enforced():
+            bound = capacity_upper_bound(instance, objective, within * unloaded_value(instance, objective))
+    except Stopped as stop:
+        return None, f"not computed: {stop.reason}"
+    if bound.factor is None:
+        return None, bound.covered_by
+    return bound.factor, (f"at every rate factor >= {bound.factor:.6g} every schedule's {Objective(objective).label} "
+                          f"exceeds {bound.limit:.6g} s; certified by {bound.covered_by} ({bound.seconds:g} s)")
+
+
 # ------------------------------------------------------------------------------ the whole curve
 
 def headroom(instance: Instance, rates, schedulers=DEFAULT_SCHEDULERS, *, objective: str = "mean_latency",
@@ -288,9 +309,12 @@ def headroom(instance: Instance, rates, schedulers=DEFAULT_SCHEDULERS, *, object
     notes: dict[str, str] = {}
     points: dict[float, HeadroomPoint] = {}
     status = COMPLETE
+    upper, upper_note = None, None
     runner = _Runner(workers)
     try:
         cap_deadline = work.share(CAPACITY_SHARE)
+        upper, upper_note = run_capacity_bound(instance, objective, None if slo is not None else within,
+                                               cap_deadline.remaining())
         for (kind, key), out in runner.run(cap_units, cap_deadline, lambda unit, seconds: (
                 run_capacity, (instance, unit[1], objective, slo, attainment, within, seconds))):
             caps[key], note = out
@@ -308,6 +332,8 @@ def headroom(instance: Instance, rates, schedulers=DEFAULT_SCHEDULERS, *, object
             raise
     finally:
         runner.close()
+    if upper_note is None:  # interrupted before the bound
+        upper, upper_note = None, "not computed: interrupted"
     if interrupt.requested() is not None:
         status = INTERRUPTED
     elif any(p.status != COMPLETE for p in points.values()) or any(n.startswith("not found") for n in notes.values()):
@@ -318,7 +344,8 @@ def headroom(instance: Instance, rates, schedulers=DEFAULT_SCHEDULERS, *, object
             notes.setdefault(s, "not found: interrupted" if status == INTERRUPTED else "not found: time limit")
     return HeadroomResult(objective, [points[f] for f in factors if f in points], names,
                           {s: caps[s] for s in names}, definition, rate, slo, time_limit,
-                          round(time.perf_counter() - t0, 3), {s: notes[s] for s in names if s in notes}, None, status)
+                          round(time.perf_counter() - t0, 3), {s: notes[s] for s in names if s in notes}, upper, upper_note,
+                          status)
 
 
 class _Runner:

@@ -445,6 +445,11 @@ def plot_headroom(result, out: str | Path | None = None, *, title: str = ""):
         ax.plot(bx, lo, color="#333333", linestyle="--", lw=1.2, zorder=2,
                 label="certified lower bound" if certified else "lower bound (not all certified)")
     values = [v for line in ax.get_lines() for v in line.get_ydata() if v is not None and v > 0]
+    upper = result.capacity_upper_bound
+    if upper is not None and xs and min(xs) / 2 <= upper <= max(xs) * 2:  # beyond the curve's ends it says little
+        for a in axes:
+            a.axvline(upper, color="#b2182b", linestyle="-.", lw=1.3, zorder=2,
+                      label=f"certified: no schedule within the capacity limit from f = {upper:.3g} on")
     if values and max(values) / min(values) > 5:  # latencies that grow by orders of magnitude: a log axis
         ax.set_yscale("log")
         ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))  # 1, 2, 5, 10, 20, ... labelled

@@ -58,6 +58,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..alone import time_alone, token_work
+from ..bounds.analytic import request_shares
 from ..objective import Objective
 from ..schedule import Slo
 from ..workload import Instance
@@ -143,11 +144,6 @@ def _group_on_time(r: np.ndarray, d: np.ndarray, p: np.ndarray) -> int:
 
 def slo_bound(instance: Instance, slo: Slo, lam_steps: int = LAM_STEPS) -> SloBound:
     """The bound with its parts (module docstring)."""
-    try:
-        from ..bounds.analytic import request_shares
-    except ImportError:  # its name before it was made public
-        from ..bounds.analytic import _shares as request_shares
-
     n = len(instance)
     if not n:
         return SloBound(1.0, 0, 0, 0, "")

@@ -59,7 +59,7 @@ def analytic_bounds(instance: Instance, objective: Objective) -> list[Bound]:
     alone = float(own.sum()) / len(instance)
     out.append(Bound("mean first prefill of each request alone" if first else "mean of each request alone", alone,
                      time.perf_counter() - t0))
-    shares = _shares(instance, objective)  # the dual-feasible weights are the costly part: computed once
+    shares = request_shares(instance, objective)  # the dual-feasible weights are the costly part: computed once
     ordered = completion_order_bounds(instance, objective, shares=shares)
     out.append(Bound("k-th first token >= k smallest capacity shares + prefill work" if first else
                      "k-th completion >= k smallest capacity shares + work",
@@ -93,7 +93,7 @@ def one_machine_completions(instance: Instance, objective: Objective, steps: int
     dual-feasible functions counts.
     """
     cost = instance.cost
-    share_parts, work, tokens, capacity_tokens = shares or _shares(instance, objective)
+    share_parts, work, tokens, capacity_tokens = shares or request_shares(instance, objective)
     own = time_alone(instance, objective) if own is None else own
     spans = np.sort(instance.arrivals + own)
     order = np.argsort(instance.arrivals, kind="stable")
@@ -102,11 +102,11 @@ def one_machine_completions(instance: Instance, objective: Objective, steps: int
     for kv_share in share_parts:
         for lam in np.linspace(0.0, 1.0, steps):
             p = cost.intercept * (lam * kv_share + (1 - lam) * tokens / capacity_tokens) + work
-            best = max(best, float(np.maximum(_srpt_completions(arrivals, p[order]), spans).sum()))
+            best = max(best, float(np.maximum(srpt_completions(arrivals, p[order]), spans).sum()))
     return best
 
 
-def _srpt_completions(arrivals: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+def srpt_completions(arrivals: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     """The completion times, ascending, of shortest remaining processing time first on one unit-speed
     machine (preemptive; jobs sorted by arrival): the optimum of 1 | r_j, pmtn | sum C_j, and at
     every time the most jobs completed (so each k-th completion is the earliest possible)."""
@@ -131,7 +131,7 @@ def _srpt_completions(arrivals: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     return np.array(done)
 
 
-def _shares(instance: Instance, objective: Objective):
+def request_shares(instance: Instance, objective: Objective):
     """([kv share per request: area / M and each dual-feasible weight], work, tokens, token capacity)
     of `completion_order_bounds` and `one_machine_completions` (their `shares`)."""
     s = instance.system
@@ -327,7 +327,7 @@ def completion_order_bounds(instance: Instance, objective: Objective, steps: int
     best = np.sort(instance.arrivals + time_alone(instance, objective))
     # a request's share of the KV capacity: its area (the sum of its items) / M, or the items'
     # dual-feasible weights
-    kv_shares, work, tokens, capacity_tokens = shares or _shares(instance, objective)
+    kv_shares, work, tokens, capacity_tokens = shares or request_shares(instance, objective)
     arrivals = instance.arrivals
     for t in release_times(arrivals):
         # of the k requests done first, at least k - (those arriving before t) arrive at t or later
