@@ -78,6 +78,8 @@ RESULTS_JSON = ROOT / "bench" / "results" / "ground_truth.json"
 RESULTS_MD = ROOT / "bench" / "results" / "ground_truth.md"
 LOCK = Path(tempfile.gettempdir()) / "kvbound_ground_truth.lock"  # the stages' writers take turns (outside the tree)
 OBJECTIVES = ("mean_latency", "mean_ttft")
+#: what the today stage runs per case: the auto solve, the search solve, the bound
+ROUTES = ("auto", "search", "bound")
 PRESET = "llama2-7b-h100"
 #: the real C = P each trace's cases scale: 2,048 (bench/real_cases.py) for the conversation trace, whose prompts
 #: fit it; 8,192 (vLLM V1's default max_num_batched_tokens) for code and arxiv, whose prompts of 2,000-7,500 tokens
@@ -344,11 +346,14 @@ def _cli(args: list[str], limit: float) -> dict:
     return {"json": json.loads(proc.stdout), "wall": round(wall, 2)}
 
 
-def today(spec, objective: str, limit: float) -> dict:
+def today(spec, objective: str, limit: float, routes=ROUTES) -> dict:
+    """Today's figures of `routes` (auto, search, bound) on one case; the others are not run."""
     case = str(CASES_DIR / f"{case_name(*spec)}.toml")
     out = {"limit": limit}
     for key, args in (("auto", ["solve", case]), ("search", ["solve", case, "--formulation", "search"]),
                       ("bound", ["bound", case])):
+        if key not in routes:
+            continue
         r = _cli(args + ["--objective", objective, "--time-limit", f"{limit:g}", "--json"], limit)
         if "error" in r:
             out[key] = {"error": r["error"]}
@@ -515,6 +520,9 @@ def main(argv=None) -> int:
     ap.add_argument("--only", default=None, help="comma list of case names")
     ap.add_argument("--objectives", default=",".join(OBJECTIVES))
     ap.add_argument("--redo", action="store_true", help="recompute what the results file already holds")
+    ap.add_argument("--routes", default=",".join(ROUTES),
+                    help="today: which of auto, search, bound to run (the others keep what the results file holds; "
+                         "a route recomputed alone keeps the case's limit of the others only if --limit is the same)")
     ap.add_argument("--inline", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     specs = _selected(args.only)
@@ -579,7 +587,15 @@ def main(argv=None) -> int:
                     new = o
                     print(f"{name} {objective}: oracle {o['oracle']} proven={o['proven']}", flush=True)
                 elif stage == "today" and ("today" not in o or args.redo):
-                    new = {"today": today(spec, objective, limit)}
+                    routes = tuple(r for r in args.routes.split(",") if r)
+                    fresh = today(spec, objective, limit, routes)
+                    if set(routes) != set(ROUTES) and o.get("today"):  # keep the routes not rerun
+                        kept = {k: v for k, v in o["today"].items() if k in ROUTES and k not in routes}
+                        if o["today"].get("limit") != limit:
+                            fresh["limits"] = {**{k: o["today"].get("limit") for k in kept},
+                                               **{k: limit for k in routes}}
+                        fresh = {**kept, **fresh}
+                    new = {"today": fresh}
                     o.update(new)
                     print(f"{name} {objective}: today {json.dumps({k: v for k, v in o['today'].items() if k != 'bound'})}",
                           flush=True)

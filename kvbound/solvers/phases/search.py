@@ -1,10 +1,12 @@
 """The search, where no model is solved: bounds and schedules improve until the deadline or a proof.
 
 First the admission patterns of the best heuristic schedules (`patterns`), then the one-shot steps
-(for total latency the configuration LP and packing, each with its share of the time), then rounds
+(for total latency the configuration LP and packing, each with its share of the time; for the mean
+objectives the burst schedules' grid, `bursts`), then rounds
 of the anytime bounds' race (`kvbound.bounds.race`: for mean latency and mean TTFT the Lagrangian
 bound and its completion-master variant), each round followed by the patterns the best bound's
-trajectories hint (the Lagrangian heuristic) and random pattern moves (docs/formulation.md, "The
+trajectories hint (the Lagrangian heuristic), random pattern moves and the burst schedules' local
+moves (docs/formulation.md, "The
 Lagrangian bound", "The completion master" and "The admission-pattern search").
 """
 from __future__ import annotations
@@ -52,19 +54,22 @@ class Search:
         try:
             for schedule in seeds:
                 patterns.seed(schedule)
+            movers = []  # the steps that ran and move on in every round (`moves`)
             for step in self.steps:
                 known = len(ledger.seeds)
                 if step.applies(ledger):
                     step.run(ledger)
+                    if hasattr(step, "moves"):
+                        movers.append(step)
                 for candidate in ledger.seeds[known:]:
                     patterns.seed(candidate.schedule)
-            self._rounds(ledger, race, patterns)
+            self._rounds(ledger, race, patterns, movers)
         except Stopped:
             pass
         finally:
             self._report(ledger, race, patterns, time.perf_counter() - began)
 
-    def _rounds(self, ledger, race: Race, patterns: Patterns) -> None:
+    def _rounds(self, ledger, race: Race, patterns: Patterns, movers=()) -> None:
         deadline = ledger.deadline
         turns = race.turns(deadline) if race.members else None
         best = -math.inf
@@ -87,7 +92,12 @@ class Search:
             if ledger.proven:
                 break
             patterns.moves()
-            if patterns.incumbent is None and turns is None:
+            moving = False
+            for mover in movers:
+                if ledger.proven or deadline.expired():
+                    break
+                moving = mover.moves(ledger) or moving
+            if patterns.incumbent is None and turns is None and not moving:
                 break  # no pattern can be simulated (every preset refuses the case) and no bound passes
 
     def _report(self, ledger, race: Race, patterns: Patterns, seconds: float) -> None:
