@@ -23,7 +23,7 @@ ledger validates it again) or None where it cannot finish under the constraints.
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -105,7 +105,7 @@ class _Builder:
         self.reserved = 0  # the peaks of the running requests
         self.has_first = [False] * len(instance)
         self.firsts = 0  # requests with their first token
-        self.holders: set[int] = set()  # unfinished requests with a first token and cached KV
+        self.holders: list[tuple[int, int]] = []  # (rank, id): unfinished, first token out, KV cached
 
     # ------------------------------------------------------------------ helpers
     def _blocks(self, tokens: int) -> int:
@@ -125,7 +125,8 @@ class _Builder:
         st = self.st
         st.apply(batch)  # ScheduleError: a builder bug, caught by build_burst
         self.batches.append(batch)
-        self.holders.difference_update(batch.evict)
+        for i in batch.evict:
+            self._drop(self.holders, i)
         for i in batch.tokens:
             if st.n[i] >= 1 and not self.has_first[i]:
                 self.has_first[i] = True
@@ -133,9 +134,11 @@ class _Builder:
                 if self.p.first_tokens:  # out of the queue: the completion serves it
                     self._drop(self.waiting, i)
             if st.finished[i]:
-                self.holders.discard(i)
+                self._drop(self.holders, i)
             elif st.n[i] >= 1 and st.m[i] > 0:
-                self.holders.add(i)
+                k = bisect.bisect_left(self.holders, (self.rank[i], i))
+                if k == len(self.holders) or self.holders[k][1] != i:
+                    self.holders.insert(k, (self.rank[i], i))
 
     def _drop(self, queue: list, i: int) -> None:
         k = bisect.bisect_left(queue, (self.rank[i], i))
@@ -186,12 +189,33 @@ class _Builder:
         limit = 4 * (sum(st.prompt) + sum(st.output)) + 4 * len(self.inst) + 16
         while st.unfinished:
             if self.p.first_tokens and self.firsts == len(self.inst):
-                return complete_schedule(self.inst, self.batches, self.cons)
+                if not self.evict_ok or self.cons.no_chunk:
+                    return complete_schedule(self.inst, self.batches, self.cons)
+                self._to_groups()
             made = self._first_token_batch() if self.p.first_tokens else self._group_batch()
             stall = 0 if made else stall + 1
             if stall > 3 or len(self.batches) > limit:
                 return None
         return Schedule(self.inst.requests, self.batches)
+
+    def _to_groups(self) -> None:
+        """Every first token is out: the rest is served in groups with peak reservation (what it costs
+        changes no first token). The holders earliest in the order stay while their peaks fit in M;
+        the others are evicted (a batch of evictions only: no time) and queue again, in the order."""
+        st = self.st
+        self.p = replace(self.p, first_tokens=False, group=None, wait=0.0, refill=False, reserve=True)
+        keep, out = [], []
+        for rank, i in self.holders:
+            if self.reserved + self.peak[i] <= self.M:
+                keep.append((rank, i))
+                self.reserved += self.peak[i]
+            else:
+                out.append(i)
+        if out:
+            self._apply(Batch({}, tuple(out), None))
+        kept = {i for _, i in keep}
+        self.running = keep
+        self.waiting = sorted((self.rank[i], i) for i in range(len(self.inst)) if not st.finished[i] and i not in kept)
 
     def _first_token_batch(self) -> bool:
         st = self.st
@@ -208,7 +232,7 @@ class _Builder:
         evict: list[int] = []
         tok = 0
         kv = st.kv_used
-        holders = None  # first tokens out, KV held: the latest in the order evicted first (made when needed)
+        victim = len(self.holders)  # first tokens out, KV held: the latest in the order evicted first
         skipped = 0
         for _, i in self.waiting:
             if len(tokens) >= self.cap or tok >= min(self.C, self.P) or skipped > SCAN:
@@ -220,13 +244,11 @@ class _Builder:
                 skipped += 1
                 continue
             grow = self._blocks(m + c) - self._blocks(m)
-            if kv + grow > self.M and self.evict_ok:
-                if holders is None:
-                    holders = sorted(self.holders, key=self.rank.__getitem__)
-                while kv + grow > self.M and holders:
-                    h = holders.pop()
-                    evict.append(h)
-                    kv -= self._blocks(st.m[h])
+            while kv + grow > self.M and self.evict_ok and victim > 0:
+                victim -= 1
+                h = self.holders[victim][1]
+                evict.append(h)
+                kv -= self._blocks(st.m[h])
             if kv + grow > self.M:
                 c = min(c, (self.M - kv + self._blocks(m)) // self.b * self.b - m)  # the largest chunk that fits
                 if c < 1 or (c < rem and not self.chunk_ok):
@@ -247,7 +269,7 @@ class _Builder:
     def _decodes(self) -> dict[int, int]:
         st = self.st
         out, kv = {}, st.kv_used
-        for i in sorted(self.holders, key=self.rank.__getitem__):
+        for _, i in self.holders:
             if len(out) >= min(self.cap, self.C):
                 break
             if not is_decode_type(st.n[i], st.prompt[i] + st.n[i] - st.m[i]):
@@ -284,6 +306,8 @@ class _Builder:
                 start = st.now
         tokens: dict[int, int] = {}
         evict: list[int] = []
+        evicted: set[int] = set()
+        victim = len(self.running)
         tok = ptok = 0
         kv = st.kv_used
         admitted = []
@@ -309,7 +333,10 @@ class _Builder:
                 if p.reserve and self.reserved + self.peak[i] > self.M:
                     skipped += 1
                     continue  # a smaller one may still fit
-            if i in evict:
+            if kv >= self.M and self.b == 1 and (p.reserve or not self.evict_ok or victim == 0
+                                                  or self.running[victim - 1][0] <= self.rank[i]):
+                break  # M is full, nothing after i in the order to evict: no later request can grow a block
+            if i in evicted:
                 continue
             m = st.m[i]
             S = st.prompt[i] + st.n[i]
@@ -324,12 +351,14 @@ class _Builder:
                     continue
             grow = self._blocks(m + c) - self._blocks(m)
             if kv + grow > self.M and not p.reserve and self.evict_ok:
-                # room from the running requests latest in the order, not in this batch, holding KV
-                for _, h in reversed(self.running):
-                    if kv + grow <= self.M or self.rank[h] <= self.rank[i]:
-                        break
-                    if h not in tokens and h not in evict and st.m[h] > 0:
+                # room from the running requests latest in the order, not in this batch, holding KV (one
+                # pointer down the running list per batch: the walk goes up the order, victims must come after)
+                while kv + grow > self.M and victim > 0 and self.running[victim - 1][0] > self.rank[i]:
+                    victim -= 1
+                    h = self.running[victim][1]
+                    if h not in tokens and st.m[h] > 0:
                         evict.append(h)
+                        evicted.add(h)
                         kv -= self._blocks(st.m[h])
             if kv + grow > self.M:
                 if decode or not self.chunk_ok:

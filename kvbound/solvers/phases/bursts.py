@@ -16,6 +16,7 @@ from dataclasses import replace
 import numpy as np
 
 from ... import progress
+from ...interrupt import Stopped
 from ...alone import time_alone
 from ...schedule import validate
 from ...schedulers.bursts import BurstParams, build_burst, refill_pays
@@ -50,10 +51,14 @@ class Bursts:
         self.current = None
         progress.report(phase=self.name)
         deadline = ledger.deadline.share(GRID_SHARE)
-        for keys, params in self._starts():
-            if deadline.expired():
-                break
-            self._try(keys, params, deadline)
+        try:
+            for keys, params in self._starts():
+                if deadline.expired():
+                    break
+                self._try(keys, params, deadline)
+        except Stopped:
+            if ledger.deadline.expired():  # the solve's own time (or an interrupt): the search ends
+                raise
         self.current = self.best
         ledger.stats["bursts"] = self.report()
 
