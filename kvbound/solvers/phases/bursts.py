@@ -32,6 +32,7 @@ WAITS = (0.0, 0.25, 0.5, 1.0, 2.0)
 
 class Bursts:
     name = "bursts"
+    before_patterns = True  # the search runs the grid before the seeds' patterns (`phases.search`)
 
     def __init__(self, seed: int = 0):
         self.seed = seed

@@ -1,8 +1,8 @@
 """The search, where no model is solved: bounds and schedules improve until the deadline or a proof.
 
-First the admission patterns of the best heuristic schedules (`patterns`), then the one-shot steps
-(for total latency the configuration LP and packing, each with its share of the time; for the mean
-objectives the burst schedules' grid, `bursts`), then rounds
+First, for the mean objectives, the burst schedules' grid (`bursts`), then the admission patterns of
+the best heuristic schedules (`patterns`), then the one-shot steps (for total latency the
+configuration LP and packing, each with its share of the time), then rounds
 of the anytime bounds' race (`kvbound.bounds.race`: for mean latency and mean TTFT the Lagrangian
 bound and its completion-master variant), each round followed by the patterns the best bound's
 trajectories hint (the Lagrangian heuristic), random pattern moves and the burst schedules' local
@@ -51,18 +51,28 @@ class Search:
         # the race starts where the best heuristic schedule is (its horizon, its value as the first target)
         race = Race(registered(Stage.ANYTIME), ledger, deadline)
         patterns = Patterns(ledger, len(seeds[0].batches))
+        movers = []  # the steps that ran and move on in every round (`moves`)
+
+        def run_step(step):
+            known = len(ledger.seeds)
+            if step.applies(ledger):
+                step.run(ledger)
+                if hasattr(step, "moves"):
+                    movers.append(step)
+            for candidate in ledger.seeds[known:]:
+                patterns.seed(candidate.schedule)
+
         try:
+            # steps marked `before_patterns` (cheap builds: the bursts' grid) run before the seeds' patterns,
+            # whose simulations can take the whole time left on a few hundred requests
+            for step in self.steps:
+                if getattr(step, "before_patterns", False):
+                    run_step(step)
             for schedule in seeds:
                 patterns.seed(schedule)
-            movers = []  # the steps that ran and move on in every round (`moves`)
             for step in self.steps:
-                known = len(ledger.seeds)
-                if step.applies(ledger):
-                    step.run(ledger)
-                    if hasattr(step, "moves"):
-                        movers.append(step)
-                for candidate in ledger.seeds[known:]:
-                    patterns.seed(candidate.schedule)
+                if not getattr(step, "before_patterns", False):
+                    run_step(step)
             self._rounds(ledger, race, patterns, movers)
         except Stopped:
             pass
