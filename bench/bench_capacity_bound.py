@@ -1,7 +1,7 @@
 """The certified capacity bound (issue 35, item 2) beside each scheduler's own capacity, both Splitwise traces.
 
     python bench/bench_capacity_bound.py [--cases NAME,...] [--schedulers vllm-v1,sarathi,larry,srpt]
-                                         [--within 2] [--objectives mean_latency,mean_ttft]
+                                         [--within 2] [--objectives mean_latency,mean_ttft] [--bound-only]
 
 For each case of bench/cases_real (`python bench/real_cases.py` builds them; default: the 300- and
 1,000-request windows of both Splitwise traces with their arrival times, tight M) and objective:
@@ -10,7 +10,8 @@ yardstick), each scheduler's capacity (`kvbound.analysis.capacity.latency_capaci
 every schedule replayed by the validator) and the certified factor
 (`kvbound.analysis.capacity_bound.capacity_upper_bound`) above which no schedule stays within the
 limit, with the seconds each took. Writes bench/results/capacity_bound.md and
-bench/results/runs/capacity_bound.json.
+bench/results/runs/capacity_bound.json. `--bound-only`: recompute the certified factor only, keeping
+the schedulers' capacities of runs/capacity_bound.json (they do not depend on the bound's code).
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ DEFAULT_CASES = ("splitwise_conv_300_tight_arr", "splitwise_code_300_tight_arr",
                  "splitwise_conv_1000_tight_arr", "splitwise_code_1000_tight_arr")
 
 
-def run_case(name: str, objective: str, schedulers: list[str], within: float) -> dict:
+def run_case(name: str, objective: str, schedulers: list[str], within: float, kept: dict | None = None) -> dict:
     inst = load_case(CASES / f"{name}.toml")
     limit = within * unloaded_value(inst, objective)
     t0 = time.perf_counter()
@@ -40,6 +41,9 @@ def run_case(name: str, objective: str, schedulers: list[str], within: float) ->
     row = {"case": name, "requests": len(inst), "objective": objective, "base_rate": base_rate(inst),
            "limit": limit, "within": within, "upper_bound": bound.factor, "covered_by": bound.covered_by,
            "bound_seconds": round(time.perf_counter() - t0, 2), "schedulers": {}}
+    if kept is not None:
+        row["schedulers"] = kept["schedulers"]
+        schedulers = []
     for s in schedulers:
         t0 = time.perf_counter()
         cap = latency_capacity(inst, s, objective, limit, rel_tol=0.01)
@@ -80,8 +84,12 @@ def main() -> None:
     ap.add_argument("--schedulers", default="vllm-v1,sarathi,larry,srpt")
     ap.add_argument("--objectives", default="mean_latency,mean_ttft")
     ap.add_argument("--within", type=float, default=2.0)
+    ap.add_argument("--bound-only", action="store_true")
     args = ap.parse_args()
-    rows = [run_case(c, o, args.schedulers.split(","), args.within)
+    kept = {}
+    if args.bound_only:
+        kept = {(r["case"], r["objective"]): r for r in json.loads((OUT / "runs" / "capacity_bound.json").read_text())}
+    rows = [run_case(c, o, args.schedulers.split(","), args.within, kept[(c, o)] if args.bound_only else None)
             for c in args.cases.split(",") for o in args.objectives.split(",")]
     (OUT / "runs").mkdir(parents=True, exist_ok=True)
     (OUT / "runs" / "capacity_bound.json").write_text(json.dumps(rows, indent=1) + "\n")

@@ -44,8 +44,11 @@ from ..workload import Instance
 
 #: windows start and end at most this many groups of consecutive requests (memory and time ~ groups^2)
 MAX_GROUPS = 1500
-#: lambda steps of the share vectors (fewer beyond LARGE requests: each vector costs N^2)
-LAMBDA_STEPS, LAMBDA_STEPS_LARGE, LARGE = 11, 3, 3000
+#: lambda steps of the share vectors
+LAMBDA_STEPS = 11
+#: share vectors kept (the strongest with every request at once): each costs N^2 in the windows and a
+#: shortest-remaining-time run per factor (there are (1 + dual-feasible functions) x LAMBDA_STEPS)
+KEEP_VECTORS = 8
 #: the bisection's relative bracket width on f
 REL_TOL = 1e-3
 #: the factors searched: [2^-20, 2^20], as `kvbound capacity`
@@ -82,26 +85,20 @@ def window_bounds(instance: Instance, objective) -> WindowBounds:
     arrivals = instance.arrivals[order]
     starts = np.unique(np.linspace(0, n, min(n, MAX_GROUPS) + 1).astype(int))[:-1] if n else np.zeros(0, int)
     groups = len(starts)
-    counts = np.diff(np.append(starts, n))
 
     def window_sums(per_request: np.ndarray) -> np.ndarray:  # [g, h]: sum over groups g..h
         c = np.concatenate([[0.0], np.cumsum(np.add.reduceat(per_request, starts))]) if groups else np.zeros(1)
         return c[None, 1:] - c[:-1, None]
 
-    kv_shares, work, tokens, capacity_tokens = request_shares(instance, objective)
-    steps = LAMBDA_STEPS if n <= LARGE else LAMBDA_STEPS_LARGE
-    intercept = instance.cost.intercept
     at_zero = window_sums(time_alone(instance, objective)[order])  # each request alone
-    for kv_share in kv_shares:
-        for lam in np.linspace(0.0, 1.0, steps):
-            share = (intercept * (lam * kv_share + (1 - lam) * tokens / capacity_tokens) + work)[order]
-            pairs = _group_min_sums(share, starts)  # [g, h]: sum over i in g, m in h of min(s_i, s_m)
-            cum = np.zeros((groups + 1, groups + 1))
-            cum[1:, 1:] = pairs.cumsum(0).cumsum(1)
-            diag = np.diag(cum)
-            # sum over i, m in groups g..h of min(s_i, s_m)
-            both = diag[None, 1:] - cum[:-1, 1:] - cum[1:, :-1].T + diag[:-1, None]
-            at_zero = np.maximum(at_zero, (both + window_sums(share)) / 2)
+    for share in share_vectors(instance, objective)[:, order]:
+        pairs = _group_min_sums(share, starts)  # [g, h]: sum over i in g, m in h of min(s_i, s_m)
+        cum = np.zeros((groups + 1, groups + 1))
+        cum[1:, 1:] = pairs.cumsum(0).cumsum(1)
+        diag = np.diag(cum)
+        # sum over i, m in groups g..h of min(s_i, s_m)
+        both = diag[None, 1:] - cum[:-1, 1:] - cum[1:, :-1].T + diag[:-1, None]
+        at_zero = np.maximum(at_zero, (both + window_sums(share)) / 2)
     first = arrivals[starts] if groups else np.zeros(0)
     spread = window_sums(arrivals) - window_sums(np.ones(n)) * first[:, None]
     upper = np.triu(np.ones((groups, groups), dtype=bool))
@@ -112,6 +109,8 @@ def window_bounds(instance: Instance, objective) -> WindowBounds:
 def _group_min_sums(share: np.ndarray, starts: np.ndarray) -> np.ndarray:
     """[g, h] = sum over requests i of group g and m of group h of min(share_i, share_m)."""
     groups = len(starts)
+    if groups == len(share):  # one request a group
+        return np.minimum(share[:, None], share[None, :])
     out = np.empty((groups, groups))
     ends = np.append(starts[1:], len(share))
     rows = max(1, 2_000_000 // max(1, len(share)))  # requests per chunk: ~16 MB of temporaries
@@ -127,19 +126,29 @@ def _group_min_sums(share: np.ndarray, starts: np.ndarray) -> np.ndarray:
     return out
 
 
+def share_vectors(instance: Instance, objective: Objective, keep: int = KEEP_VECTORS) -> np.ndarray:
+    """The capacity share vectors (rows; `completion_order_bounds`' shares: intercept x (lambda KV share +
+    (1 - lambda) tokens / C) + least work, for every KV share and lambda), the `keep` strongest with every
+    request at once (the largest sum over k of the k smallest shares). Any of them gives a bound, so
+    keeping some is only a choice of strength against time."""
+    kv_shares, work, tokens, capacity_tokens = request_shares(instance, objective)
+    lams = np.linspace(0.0, 1.0, LAMBDA_STEPS)[:, None]
+    rows = np.concatenate([instance.cost.intercept * (lams * kv + (1 - lams) * tokens / capacity_tokens) + work
+                           for kv in kv_shares]) if len(instance) else np.zeros((0, 0))
+    at_once = np.sort(rows, axis=1).cumsum(axis=1).sum(axis=1) if len(instance) else np.zeros(0)
+    return rows[np.argsort(-at_once, kind="stable")[:keep]]
+
+
 class OneMachine:
     """The one-machine relaxation of `one_machine_completions` for every rate factor: request i, released
     at a_i / f, needs `share` units of one preemptive unit-speed machine (one vector per lambda and KV
     share); shortest remaining processing time first minimises the total flow time sum (M_i - a_i / f),
     and every schedule's sum of C_i - a_i / f is at least it."""
 
-    def __init__(self, instance: Instance, objective: Objective, steps: int):
-        kv_shares, work, tokens, capacity_tokens = request_shares(instance, objective)
+    def __init__(self, instance: Instance, objective: Objective, keep: int = KEEP_VECTORS):
         order = np.argsort(instance.arrivals, kind="stable")
         self.arrivals = instance.arrivals[order]
-        intercept = instance.cost.intercept
-        self.shares = [(intercept * (lam * kv + (1 - lam) * tokens / capacity_tokens) + work)[order]
-                       for kv in kv_shares for lam in np.linspace(0.0, 1.0, steps)]
+        self.shares = list(share_vectors(instance, objective, keep)[:, order])
 
     def flow(self, factor: float, which: int) -> float:
         released = self.arrivals / factor
@@ -187,7 +196,7 @@ def capacity_upper_bound(instance: Instance, objective, limit: float, *, rel_tol
     windows_from = _least_factor(lambda f: windows.mean(f) > limit, LOWEST, HIGHEST, rel_tol)
     if windows_from is None:
         return done(None, "no factor up to 2^20: the windows bound stays within the limit with every request at once")
-    machine = OneMachine(instance, objective, LAMBDA_STEPS if n <= LARGE else LAMBDA_STEPS_LARGE)
+    machine = OneMachine(instance, objective)
     target = limit * n
     start = _least_factor(lambda f: machine.best_flow(f)[0] > target, LOWEST, windows_from, rel_tol)
     if start is None:
