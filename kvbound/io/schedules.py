@@ -49,19 +49,9 @@ def schedule_from_json(data, source: str = "<schedule>") -> Schedule:
         if not isinstance(tokens_raw, dict):
             raise InputError(source, f"{where}.tokens", "must be an object {\"<id>\": tokens}")
         repeated_keys(source, f"{where}.tokens", tokens_raw, "request id")  # {"1": 1, "1": 3}
-        tokens, named = {}, {}
-        for key, c in tokens_raw.items():
-            try:
-                i = int(key)
-            except ValueError:
-                raise InputError(source, f"{where}.tokens", f"request id {key!r} is not an integer") from None
-            if i in named:  # "01" beside "1"
-                raise InputError(source, f"{where}.tokens", f"request id {i} given more than once "
-                                                            f"({named[i]!r} and {key!r})")
-            named[i] = key
-            if not isinstance(c, int) or isinstance(c, bool):
-                raise InputError(source, f"{where}.tokens.{key}", f"must be an integer, got {c!r}")
-            tokens[i] = c
+        tokens = _plain_tokens(tokens_raw)
+        if tokens is None:  # something is wrong: `_checked_tokens` says what
+            tokens = _checked_tokens(source, where, tokens_raw)
         evict = b.get("evict", [])
         if not isinstance(evict, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in evict):
             raise InputError(source, f"{where}.evict", "must be a list of request ids")
@@ -70,6 +60,36 @@ def schedule_from_json(data, source: str = "<schedule>") -> Schedule:
             raise InputError(source, f"{where}.evict", f"request id {', '.join(map(str, twice))} listed more than once")
         batches.append(Batch(tokens, tuple(evict), None if start is None else float(start)))
     return Schedule(tuple(requests), batches)
+
+
+def _plain_tokens(tokens_raw: dict) -> dict[int, int] | None:
+    """{id: tokens} when every key reads as a distinct integer and every value is an integer (the
+    common case, one pass); None otherwise (`_checked_tokens` then names the problem)."""
+    try:
+        tokens = {int(key): c for key, c in tokens_raw.items()}
+    except ValueError:
+        return None
+    if len(tokens) != len(tokens_raw) or not all(type(c) is int for c in tokens.values()):
+        return None
+    return tokens
+
+
+def _checked_tokens(source: str, where: str, tokens_raw: dict) -> dict[int, int]:
+    """{id: tokens}, or bad input naming the first key or value that is not an integer or repeats an id."""
+    tokens, named = {}, {}
+    for key, c in tokens_raw.items():
+        try:
+            i = int(key)
+        except ValueError:
+            raise InputError(source, f"{where}.tokens", f"request id {key!r} is not an integer") from None
+        if i in named:  # "01" beside "1"
+            raise InputError(source, f"{where}.tokens", f"request id {i} given more than once "
+                                                        f"({named[i]!r} and {key!r})")
+        named[i] = key
+        if not isinstance(c, int) or isinstance(c, bool):
+            raise InputError(source, f"{where}.tokens.{key}", f"must be an integer, got {c!r}")
+        tokens[i] = c
+    return tokens
 
 
 def load_schedule(path: str | Path) -> Schedule:
