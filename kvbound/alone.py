@@ -39,6 +39,16 @@ def token_work(r: Request, cost) -> np.ndarray:
     return np.r_[prefill_work(r.prompt, cost), later]
 
 
+def refilled_token_work(prompt, generated, cost):
+    """The least work of token `generated` + 1 (`generated` >= 1) of a request evicted after its
+    `generated`-th token and before that one: all S = prompt + generated tokens are processed again from
+    nothing, the last one either in a prefill-type chunk (the chunks' attention telescopes to S^2) or
+    as a decode after the first S - 1 were refilled (prefill-type chunks, at least one). Never less
+    than `token_work`'s figure for that token, which takes the cheaper of a decode and the first way."""
+    S = prompt + generated
+    return np.minimum(prefill_work(S, cost), prefill_work(S - 1, cost) + cost.work(1.0, S - 1.0, decode=True))
+
+
 def least_work(r: Request, cost) -> float:
     """The least work that request r adds to any complete schedule."""
     return float(token_work(r, cost).sum())

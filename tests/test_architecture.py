@@ -79,7 +79,7 @@ def test_deadline_counts_down_and_shares_never_outlive_it():
 
 
 def test_solve_spends_no_more_than_its_deadline_on_the_backend():
-    inst = load_case(REPO / "cases" / "fig15" / "fig15_I64.toml")
+    inst = load_case(REPO / "tests" / "fixtures" / "fig15_I256_M513.toml")  # a model the limit binds on
     clock_limit = 3.0
     res = solve_with(inst, SolveOptions(time_limit=60.0), Deadline(clock_limit))
     # the backend gets the deadline's remainder, not options.time_limit
@@ -137,7 +137,8 @@ def test_solve_options_parse_the_objective_and_copy_with_changes():
 
 
 def test_result_has_typed_fields_and_the_json_keeps_every_key():
-    inst = load_case(CASE)
+    base = load_case(CASE)  # with one KV slot more: a model proves it (at M = 4 the analytic bounds do, without one)
+    inst = Instance(base.requests, SystemConfig(5, base.system.max_batch_tokens), base.cost)
     res = solve(inst, "total_latency", "highs", 30)
     assert res.horizon >= 1 and res.horizon_reason and res.warm_start is not None and res.build_seconds >= 0
     assert res.message.startswith("optimal")

@@ -23,7 +23,7 @@ from kvbound.io.schedules import load_schedule
 from kvbound.schedule import validate
 from tests.conftest import REPO
 
-BIG = REPO / "cases" / "fig15" / "fig15_I1024.toml"  # takes minutes to prove on every backend
+BIG = REPO / "tests" / "fixtures" / "fig15_I1024_M2049.toml"  # Figure 15 at I = 1,024 with M = 2I + 1: minutes to prove on every backend
 #: the promise is 2 s; the slack is for a loaded two-core CI machine
 EXIT_WITHIN = 2.0 + 1.0
 
@@ -262,7 +262,7 @@ def test_a_signal_while_a_child_starts_is_deferred_not_lost():
     assert not _blocked() & (1 << (signal.SIGINT - 1))  # this process hears it again
 
 
-FIG15_I256 = REPO / "cases" / "fig15" / "fig15_I256.toml"
+FIG15_I256 = REPO / "tests" / "fixtures" / "fig15_I256_M513.toml"  # M = 2I + 1: not proven at once
 
 
 @pytest.mark.parametrize("after", [0.5, 1.0, 2.0])

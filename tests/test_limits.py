@@ -14,7 +14,7 @@ import pytest
 from kvbound.schedulers import SCHEDULERS
 from tests.conftest import REPO
 
-BIG = REPO / "cases" / "fig15" / "fig15_I1024.toml"  # takes minutes to prove on every backend
+BIG = REPO / "tests" / "fixtures" / "fig15_I1024_M2049.toml"  # Figure 15 at I = 1,024 with M = 2I + 1: minutes to prove on every backend
 SAMPLE = REPO / "cases" / "sample200.toml"  # the 27 schedulers take longer than the limits here
 SPLITWISE = REPO / "cases" / "splitwise_conv_1000.toml"  # 1,000 requests: one simulation takes about a second
 #: the promise is max(2 s, 10%); the slack is for a loaded two-core CI machine

@@ -136,7 +136,7 @@ def test_exchange_keeps_only_the_newest_solution_and_makes_it_when_taken():
 
 
 def test_a_large_model_runs_highs_alone():
-    res = solve(load_case(REPO / "cases" / "fig15" / "fig15_I256.toml"), "total_latency", AUTO, time_limit=3)
+    res = solve(load_case(REPO / "tests" / "fixtures" / "fig15_I256_M513.toml"), "total_latency", AUTO, time_limit=3)
     assert res.solver == "highs" and "race" not in res.stats
 
 

@@ -391,7 +391,9 @@ def kvbound_process(tmp_path, *argv, timeout=120):
 
 def test_solver_banners_only_with_verbose(tmp_path):
     case = tmp_path / "fig15.toml"
-    case.write_text(FIG15)
+    # one KV slot more than Figure 15 (M = 2I + 1): the heuristics and the analytic bounds do not prove
+    # it, so a model is solved (at M = 2I the exclusive-holders bound proves it without one)
+    case.write_text(FIG15.replace("kv_capacity = 4", "kv_capacity = 5"))
     quiet = kvbound_process(tmp_path, "solve", case, "--time-limit", "20")
     assert quiet.returncode == 0 and quiet.stderr == "" and "HiGHS" not in quiet.stdout
     loud = kvbound_process(tmp_path, "solve", case, "--time-limit", "20", "--verbose")
@@ -430,7 +432,9 @@ def test_constraints_no_schedule_can_meet_are_proven_infeasible_with_their_cause
 def test_a_solve_not_proven_keeps_improving_until_its_limit(cli, case):
     # a horizon below the certified one leaves the model's bound conditional: not a proof, so the
     # search goes on after the model until the time limit
-    rc, out, err = cli("solve", case(FIG15), "--horizon", "2", "--time-limit", "4", "--json")
+    # (one KV slot more than FIG15: at M = 2I the analytic bounds prove the heuristics' schedule at once)
+    rc, out, err = cli("solve", case(FIG15.replace("kv_capacity = 4", "kv_capacity = 5")), "--horizon", "2",
+                       "--time-limit", "4", "--json")
     data = one_json(out)
     assert (rc, err) == (0, "") and data["status"] == "feasible" and not data["bound_certified"]
     assert data["seconds"] >= 3.5 and data["stats"]["search"].startswith("after the model")

@@ -18,12 +18,12 @@ import time
 
 import numpy as np
 
-from ..alone import (batches_alone, fewest_batches, least_work, minimum_work, prefill_work, time_alone, token_work,
-                     work_alone)
+from ..alone import (batches_alone, fewest_batches, least_work, minimum_work, prefill_work, refilled_token_work,
+                     time_alone, token_work, work_alone)
 from ..objective import Objective
 from ..workload import Instance
 from .base import Bound, Stage, register
-from .kv_items import batches_to_hold, kv_items, kv_room, kv_weights, min_batches, ramp_capacities
+from .kv_items import batches_to_hold, exclusive_holders, kv_items, kv_room, kv_weights, min_batches, ramp_capacities
 
 
 @register
@@ -47,6 +47,11 @@ def analytic_bounds(instance: Instance, objective: Objective) -> list[Bound]:
         nb = min_batches(instance)
         out.append(Bound("batches x intercept + minimum work", nb * cost.intercept + minimum_work(instance),
                          time.perf_counter() - t0, note=f"at least {nb} batches", batches=nb))
+        held = exclusive_holders_bound(instance, nb)
+        if held is not None:
+            value, batches, note = held
+            out.append(Bound("requests that cannot hold KV together: batches x intercept + minimum work + refills",
+                             value, time.perf_counter() - t0, note=note, batches=batches))
         per_req = float((instance.arrivals + time_alone(instance, objective)).max())
         out.append(Bound("latest arrival + own work", per_req, time.perf_counter() - t0))
         if not instance.offline:
@@ -75,6 +80,39 @@ def analytic_bounds(instance: Instance, objective: Objective) -> list[Bound]:
                      "each request alone + pairwise work waits", alone + waits / len(instance),
                      time.perf_counter() - t0))
     return out
+
+
+def exclusive_holders_bound(instance: Instance, fewest: int | None = None) -> tuple[float, int, str] | None:
+    """(bound, batches every schedule has, a note) on the total latency from a set G of requests no two of which
+    hold KV together past their first tokens (`kv_items.exclusive_holders`; None where there is none).
+
+    In a batch where a member generates a token after its first, it holds at least blocks(I + 1), and
+    every other member that has its first token, is not finished and was not evicted since holds at
+    least blocks(I'); the two exceed M, so there is no such other member, nor a second generation of
+    a member. So the members' later tokens (sum of O - 1) take that many distinct batches, and their
+    first tokens other batches, several to a batch at most. Where k first tokens share a batch, the
+    first of those k requests to generate its second token does so with the other k - 1 holding nothing
+    of what they held: each was evicted between its first and second token, and processes its S = I + 1
+    tokens again (`alone.refilled_token_work`), delta_i more work than the minimum work counts for that
+    token (>= 0). With E such refills, at least sum(O) - E batches (and at least `fewest`, every
+    schedule's), each paying the intercept, and the minimum work plus the E smallest deltas: the bound
+    is the least of these over E = 0 .. |G| - 1 (more refills only add work). Valid with arrivals
+    (idle only adds) and under any constraints (they only remove schedules)."""
+    members = exclusive_holders(instance)
+    if not len(members):
+        return None
+    cost = instance.cost
+    fewest = min_batches(instance) if fewest is None else fewest
+    reqs = [instance.requests[i] for i in members]
+    delta = np.sort([max(0.0, float(refilled_token_work(r.prompt, 1, cost)) - float(token_work(r, cost)[1]))
+                     for r in reqs])
+    total = sum(r.output for r in reqs)
+    batches = np.maximum(fewest, total - np.arange(len(reqs)))  # with E = 0 .. |G| - 1 refills
+    values = cost.intercept * batches + np.r_[0.0, np.cumsum(delta)[:-1]]
+    E = int(np.argmin(values))
+    note = (f"{len(reqs)} requests: at least {total} batches less one per refill after a first token; "
+            f"least at {E} refills, {int(batches[E])} batches")
+    return float(values[E]) + minimum_work(instance), int(batches[-1]), note
 
 
 def one_machine_completions(instance: Instance, objective: Objective, steps: int = 11, shares=None,

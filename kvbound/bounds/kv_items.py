@@ -113,3 +113,25 @@ def min_batches(instance: Instance) -> int:
     items = kv_items(instance)
     by_area = batches_to_hold(float(items[0].sum()), ramp_capacities(instance), kv_room(s))
     return max(by_output, by_tokens, by_prefill, by_area, dff_batches(instance, items))
+
+
+def exclusive_holders(instance: Instance) -> np.ndarray:
+    """The requests (indices, longest prompt first) of the largest set G, among those with at least two
+    tokens to generate, no two of which hold KV together from their first token on unless one was
+    evicted: for every pair, blocks(I_a + 1) + blocks(I_b) > M. After its first token a request holds at
+    least I (blocks) until it finishes or is evicted, and the batch generating a later token holds at
+    least I + 1; so in a batch where a member generates a token after its first, no other member has
+    its first token and is neither finished nor evicted since (`analytic.exclusive_holders_bound`).
+    The condition grows with both prompts, so the largest such set is the longest prompts down to the
+    first pair that breaks it (ties: the longer output first)."""
+    s = instance.system
+    order = np.array(sorted((i for i, r in enumerate(instance.requests) if r.output >= 2),
+                            key=lambda i: (-instance.requests[i].prompt, -instance.requests[i].output)), dtype=np.int64)
+    prompts = instance.prompts[order].astype(np.int64)
+    k = 1
+    while k < len(order):  # the set's two shortest prompts decide it
+        a, b = int(prompts[k]), int(prompts[k - 1])  # a <= b
+        if not (s.blocks(a + 1) + s.blocks(b) > s.kv_capacity and s.blocks(b + 1) + s.blocks(a) > s.kv_capacity):
+            break
+        k += 1
+    return order[:k] if k >= 2 else order[:0]
