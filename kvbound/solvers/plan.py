@@ -10,7 +10,7 @@ from ..backends import BACKENDS
 from ..bounds import analytic, configuration_lp, lagrangian, completion_master, lp_relaxation, blocks  # noqa: F401  registers them
 from ..bounds.base import Stage
 from .phases.bounds import Bounds
-from .phases.bursts import Bursts
+from .phases.bursts import Bursts, BurstSeeds
 from .phases.heuristics import ChooseRoute, Heuristics
 from .phases.model import Model
 from .phases.packing import Packing
@@ -21,6 +21,7 @@ PLAN = (
     Heuristics(),  # the warm-start heuristics and the serial schedule
     ChooseRoute(BACKENDS),  # a model, the search, or neither
     Bounds(Stage.MODEL),  # before a model, where every bound is asked for (the LP relaxation)
+    BurstSeeds(),  # before a model, mean objectives: burst schedules as its incumbent, in 15% of the time
     Model(),  # the model, warm-started, solved by the backend (or the race of several)
     Search(steps=(Bounds(Stage.SEARCH), Packing(), Bursts())),  # where no model is solved: until the deadline or a proof
 )
