@@ -27,6 +27,8 @@ from .patterns import admission_keys, search_seeds
 GRID_SHARE = 0.25
 #: before a model (`BurstSeeds`): the grid's share of the time left, the rest the model's
 SEED_SHARE = 0.15
+#: before a model, the local moves end after this many rounds in a row without a better schedule
+SEED_STALL = 3
 #: local moves in a round of the search
 ROUND_MOVES = 16
 #: waits (x intercept) the moves try
@@ -181,9 +183,13 @@ class BurstSeeds(Bursts):
         super().run(ledger)
         if not math.isfinite(mine.limit):  # no time limit: the grid only
             return
+        stalled = 0  # rounds without a better burst schedule: small instances run out of moves that pay
         try:
-            while not mine.expired() and self.moves(ledger, deadline=mine):
-                pass
+            while not mine.expired() and stalled < SEED_STALL:
+                before = self.best_value
+                if not self.moves(ledger, deadline=mine):
+                    break
+                stalled = stalled + 1 if self.best_value >= before else 0
         except Stopped:
             if ledger.deadline.expired():
                 raise
