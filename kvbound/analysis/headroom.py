@@ -19,9 +19,10 @@ within [arrival, arrival + S]).
 `capacity`: each scheduler's own capacity, by the bisection of kvbound.analysis.capacity. With an SLO
 it is Apt-Serve's effective throughput (the largest factor with attainment >= `attainment`); without,
 the largest factor whose objective stays within `within` x the unloaded value (the mean over requests
-of each one alone, a lower bound of every schedule at every rate). `upper_bound`, a certified factor
-above which no schedule can keep up (issue 35, item 2), is not computed yet: it is None and
-`upper_bound_note` says so.
+of each one alone, a lower bound of every schedule at every rate). `upper_bound`: the certified factor
+at and above which no schedule stays within that same limit (kvbound.analysis.capacity_bound; None with
+an SLO, or where not even every request at once is shown to exceed it), `upper_bound_note` how it is
+certified. It is computed first, within the capacity searches' share of the time.
 
 The time limit is shared by the whole call: `CAPACITY_SHARE` of it at most for the capacity searches
 (they stop when converged), then the rest split over the rate points (each point gets the time left
