@@ -39,7 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .. import interrupt
-from ..alone import time_alone, token_work
+from ..alone import time_alone
 from ..deadline import Deadline
 from ..errors import InputError, SchedulerRefused, SchedulerStuck
 from ..interrupt import Stopped
@@ -50,7 +50,7 @@ from ..workload import Instance
 from .capacity_bound import capacity_upper_bound
 from .capacity import LIMIT, base_rate, capacity, latency_capacity, scale_arrivals
 from .compare import COMPLETE, INTERRUPTED, OPTIMAL, TIME_LIMIT, compare, resolve_schedulers
-from .slo_bound import slo_attainment_upper_bound
+from .slo_bound import alone_attainable, slo_attainment_upper_bound
 
 #: the schedulers compared when none are named (those in the registry)
 DEFAULT_SCHEDULERS = ("vllm-v1", "sarathi", "larry", "srpt")
@@ -180,20 +180,10 @@ def parse_rates(rates, source: str = "", field: str = "rates") -> list[float]:
 
 def slo_alone_bound(instance: Instance, slo: Slo) -> float:
     """A certified upper bound on the share of requests any schedule keeps within `slo`: a request can
-    attain it only if, even alone, its TTFT can be <= slo.ttft (its fewest batches to the first token
-    and its prefill's least work) and, when O >= 2, its least possible gap between two tokens (one
-    batch: the intercept and the least work of one of its tokens) is <= slo.tbt (a percentile of
-    its gaps is at least the smallest). The same at every rate (arrivals do not enter)."""
-    if not len(instance):
-        return 1.0
-    slack = 1 + 1e-6  # generous: an upper bound may only err upwards
-    ttft = time_alone(instance, Objective.MEAN_TTFT)
-    ok = ttft <= slo.ttft * slack
-    cost = instance.cost
-    for i, r in enumerate(instance.requests):
-        if ok[i] and r.output >= 2:
-            ok[i] = cost.intercept + float(token_work(r, cost)[1:].min()) <= slo.tbt * slack
-    return float(ok.mean())
+    attain it only if, even alone, its TTFT can be <= slo.ttft and its least gap between two tokens
+    <= slo.tbt (`slo_bound.alone_attainable`). The same at every rate (arrivals do not enter);
+    `slo_attainment_upper_bound` is never above it."""
+    return float(alone_attainable(instance, slo).mean()) if len(instance) else 1.0
 
 
 def unloaded_value(instance: Instance, objective) -> float:
@@ -225,7 +215,7 @@ def run_point(instance: Instance, factor: float, names: list[str], options: Solv
         if best_row.scheduler == OPTIMAL and table.solve_result is not None and table.solve_result.source:
             best_source = f"{best_row.label}: {table.solve_result.source}"
     rows = [_row(r, objective) for r in table.rows if r.scheduler != OPTIMAL]
-    upper = min(slo_alone_bound(scaled, slo), slo_attainment_upper_bound(scaled, slo)) if slo is not None else None
+    upper = slo_attainment_upper_bound(scaled, slo) if slo is not None else None  # within the alone bound
     return HeadroomPoint(factor, base_rate(instance) * factor, table.lower_bound, table.bound_certified,
                          table.best_known, rows, upper, table.bound_source, best_source, table.status,
                          round(time.perf_counter() - began, 3))

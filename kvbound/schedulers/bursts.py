@@ -94,6 +94,7 @@ class _Builder:
         self.rank = np.empty(len(instance), dtype=np.int64)
         self.rank[order] = np.arange(len(instance))
         self.rank = self.rank.tolist()
+        self._blocks = s.blocks  # KV charged for cached tokens, in whole blocks
         self.peak = [s.blocks(r.peak_kv) for r in instance.requests]
         self.by_arrival = sorted(range(len(instance)), key=lambda i: (instance.requests[i].arrival, i))
         self.arrival = [r.arrival for r in instance.requests]
@@ -108,9 +109,6 @@ class _Builder:
         self.holders: list[tuple[int, int]] = []  # (rank, id): unfinished, first token out, KV cached
 
     # ------------------------------------------------------------------ helpers
-    def _blocks(self, tokens: int) -> int:
-        return -(-tokens // self.b) * self.b
-
     def _arrive(self, now: float) -> None:
         late = now + 1e-9 * (1.0 + abs(now))
         while self.ptr < len(self.by_arrival) and self.arrival[self.by_arrival[self.ptr]] <= late:

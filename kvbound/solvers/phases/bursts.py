@@ -52,7 +52,7 @@ class Bursts:
 
     # ------------------------------------------------------------------ the grid
     def run(self, ledger) -> None:
-        self.ledger, inst = ledger, ledger.instance
+        self.ledger = ledger
         self.rng = random.Random(self.seed)
         self.built = self.kept = 0
         self.best_value, self.best = np.inf, None  # (keys, params) of the best burst schedule
@@ -172,6 +172,7 @@ class BurstSeeds(Bursts):
     20 s chain MIP alone, bench/results/NOTES.md "Issue 33, item 4")."""
 
     name = "burst seeds"
+    share = SEED_SHARE * GRID_SHARE  # the grid: a quarter of the seeds' time
 
     def applies(self, ledger) -> bool:
         return ledger.route is not None and ledger.route.way == "model" and super().applies(ledger)
@@ -179,7 +180,6 @@ class BurstSeeds(Bursts):
     def run(self, ledger) -> None:
         """The grid, then local moves, together within `SEED_SHARE` of the time left."""
         mine = ledger.deadline.share(SEED_SHARE)
-        self.share = SEED_SHARE * GRID_SHARE  # the grid: a quarter of mine
         super().run(ledger)
         if not math.isfinite(mine.limit):  # no time limit: the grid only
             return
