@@ -20,8 +20,7 @@ from dataclasses import dataclass
 from .. import interrupt
 from ..errors import InputError
 from ..interrupt import Stopped
-from ..io.schedules import schedule_from_json
-from ..schedule import Slo, validate
+from ..schedule import Slo
 from ..schedulers import get_scheduler, simulate
 from ..workload import Instance, Request
 
@@ -76,8 +75,7 @@ def base_rate(instance: Instance) -> float:
 
 
 def slo_attainment(instance: Instance, scheduler: str, slo: Slo) -> float:
-    sim = simulate(instance, get_scheduler(scheduler))
-    replay = validate(instance, schedule_from_json(sim.schedule.to_json()))
+    replay = simulate(instance, get_scheduler(scheduler)).replay  # the validator's replay, as it ran
     return replay.apply_slo(slo).slo_attainment
 
 
@@ -95,8 +93,7 @@ def capacity(instance: Instance, scheduler: str, slo: Slo, attainment: float = 0
 def objective_value(instance: Instance, scheduler: str, objective) -> float:
     """The scheduler's value of `objective` (a Metrics field, e.g. mean_latency) on `instance`, replayed by
     the validator (SchedulerRefused / SchedulerStuck when it cannot serve the case)."""
-    sim = simulate(instance, get_scheduler(scheduler))
-    replay = validate(instance, schedule_from_json(sim.schedule.to_json()))
+    replay = simulate(instance, get_scheduler(scheduler)).replay  # the validator's replay, as it ran
     return float(getattr(replay.metrics, str(objective)))
 
 

@@ -171,5 +171,5 @@ def import_precomputed(instance: Instance, path: str | Path, out: str | Path | N
     data = read_user_json(path)  # malformed, too deeply nested: bad input
     schedule = from_precomputed(instance, data, str(path))  # validated there
     if out is not None:
-        write_user_json(out, schedule.to_json())
+        write_user_json(out, schedule.json_form())
     return schedule

@@ -2,12 +2,11 @@
 from __future__ import annotations
 
 import json
-import sys
 
 from ..fileio import write_user_file, write_user_json
 from ..generate import MAX_RATE, MIN_RATE
 from ..workload import MAX_REQUESTS
-from ..io.schedules import load_schedule, schedule_from_json
+from ..io.schedules import load_schedule
 from ..schedule import Metrics, ScheduleError, validate
 from ..schedulers import SCHEDULERS, run_scheduler
 from ..io.cases import load_case
@@ -73,10 +72,9 @@ def print_metrics(title: str, metrics: Metrics) -> None:
 def cmd_simulate(args) -> int:
     instance = load_case(args.case)
     result = run_scheduler(instance, args.scheduler)
-    schedule_json = result.schedule.to_json()
-    # every schedule is checked by the validator, from its JSON form, before it is reported
-    replay = validate(instance, schedule_from_json(schedule_json))
+    replay = result.replay  # the validator's replay of the schedule, batch by batch, as it was made
     replay.apply_slo(args.slo)
+    schedule_json = result.schedule.json_form()
     if args.out:
         write_user_json(args.out, schedule_json)
     if args.json:

@@ -89,7 +89,7 @@ def _report_solve(args, instance, options, res) -> int:
     failed = None
     if args.out and res.schedule is not None:
         try:
-            write_user_json(args.out, res.schedule.to_json())
+            write_user_json(args.out, res.schedule.json_form())
         except InputError as exc:  # checked before solving; still, the result is printed before the error
             failed = exc
     if args.json:

@@ -100,7 +100,7 @@ def load_schedule(path: str | Path) -> Schedule:
 
 def dump_schedule(schedule: Schedule, path: str | Path) -> None:
     """Write `schedule` as JSON, atomically (a reader never sees half a file)."""
-    write_json_atomic(path, schedule.to_json())
+    write_json_atomic(path, schedule.json_form())
 
 
 def _json_objects(source: str, data: dict, key: str):

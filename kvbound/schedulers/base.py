@@ -90,6 +90,9 @@ def future_kv_fits(base: np.ndarray, start: np.ndarray, last: np.ndarray, capaci
 
 @dataclass
 class SimulationResult:
+    """The policy's schedule and the validator's replay of it: `simulate` applies every batch with
+    `ReplayState.apply`, the replay `kvbound.validate` runs, so `replay` is the schedule's validation."""
+
     policy: str
     schedule: Schedule
     replay: Replay
@@ -127,11 +130,14 @@ def simulate(instance: Instance, policy: Policy) -> SimulationResult:
                                  f"{len(policy.waiting)} waiting and {len(policy.reserved)} running requests, "
                                  "and it schedules nothing")
         batch.start = now
+        # the schedule keeps a copy of what was applied: a policy that later changed its batch's dict
+        # would otherwise report a schedule other than the one replayed
+        applied = Batch(dict(batch.tokens), tuple(batch.evict), now)
         try:
-            st.apply(batch)
+            st.apply(applied)
         except ScheduleError as exc:  # a policy bug, not bad input: say so plainly
             raise RuntimeError(f"scheduler {policy.name} produced an invalid batch: {exc}") from exc
-        batches.append(batch)
+        batches.append(applied)
         policy.after_batch(st, batch)
         total = st.generated
         if total != generated:
