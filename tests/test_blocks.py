@@ -14,6 +14,7 @@
 """
 from __future__ import annotations
 
+import importlib.util
 import math
 
 import numpy as np
@@ -184,3 +185,30 @@ def test_each_rise_is_certified_as_it_comes():
     rows = {b.name: b for b in result.bounds}
     assert NAME in rows and rows[NAME].value <= result.objective * (1 + TOL)
     assert result.lower_bound >= rows[NAME].value * (1 - TOL)
+
+
+def test_blocks_priced_here_on_every_core_and_on_ray_give_one_bound(monkeypatch):
+    """The blocks are independent units: priced in this process, on a pool of 2 and on a local Ray of 2
+    workers (with a pass budget, so that no value depends on the machine's speed), the bound is the
+    same, and so is each block's value; the analytic first pricing is chunked across the workers too."""
+    import pytest
+
+    from kvbound.bounds import blocks as blocks_module
+    from kvbound.units import UnitRunner
+
+    cost = CostModel(intercept=1.0, per_token=0.25, decode_kv=0.125)
+    reqs = tuple(Request(1 + i % 3, 2 + i % 4, float(i // 4)) for i in range(14))
+    inst = Instance(reqs, SystemConfig(12, 8, 8, 1), cost)
+    objective = Objective.MEAN_LATENCY
+    schedule = run_scheduler(inst, "vllm").schedule
+    monkeypatch.setattr(blocks_module, "POOL_FROM", 4)  # the chunked analytic pricing, on few blocks
+    runners = [UnitRunner(workers=1), UnitRunner(workers=2)]
+    if importlib.util.find_spec("ray") is not None:
+        runners.append(UnitRunner("ray", 2))
+    results = [block_bound(inst, objective, Deadline(None), schedule, runner=r, passes=3) for r in runners]
+    value, family = results[0]
+    assert family.base / len(inst) < value <= objective.of(validate(inst, schedule).metrics) * (1 + TOL)
+    for other, other_family in results[1:]:
+        assert other == pytest.approx(value, rel=1e-12)
+        assert [(m, pytest.approx(v, rel=1e-12)) for m, v, _ in other_family.blocks] == \
+            [(m, v) for m, v, _ in family.blocks]

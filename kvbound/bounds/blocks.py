@@ -31,6 +31,7 @@ from ..alone import time_alone
 from ..deadline import Deadline
 from ..objective import Objective
 from ..schedule import Batch, Schedule, validate
+from ..units import UnitRunner
 from ..workload import Instance
 from .analytic import analytic_bounds, completion_order_bounds, pair_rows
 from .base import Bound, Stage, register
@@ -82,10 +83,12 @@ def restricted(schedule: Schedule, members, block: Instance) -> Schedule:
     return Schedule(block.requests, batches)
 
 
-def price_block(block: Instance, objective: Objective, deadline: Deadline, schedule: Schedule | None = None) -> float:
+def price_block(block: Instance, objective: Objective, deadline: Deadline, schedule: Schedule | None = None,
+                passes: int | None = None) -> float:
     """A certified lower bound on the least sum of latencies (first-token times) of `block` (every
     arrival at 0): the analytic bounds, then the Lagrangian bound and its completion-master variant
-    until `deadline` (or until one meets `schedule`, a valid schedule of the block, when given)."""
+    until `deadline` (or until one meets `schedule`, a valid schedule of the block, when given), each
+    for at most `passes` passes where given (then the value does not depend on the machine's speed)."""
     from .completion_master import MasterBound
     from .lagrangian import LagrangianBound, start_horizon
 
@@ -101,9 +104,9 @@ def price_block(block: Instance, objective: Objective, deadline: Deadline, sched
         bound = make(block, objective, H)
         if bound is None:
             continue
-        for value, _, _ in bound.iterate(upper):
+        for done, (value, _, _) in enumerate(bound.iterate(upper), 1):
             best = max(best, value)
-            if deadline.expired() or best >= upper * (1 - 1e-9):
+            if deadline.expired() or best >= upper * (1 - 1e-9) or done == passes:
                 break
     return n * min(best, upper)  # a bound above a valid schedule would be a bug: never more than it
 
@@ -258,15 +261,19 @@ def candidate_blocks(instance: Instance, objective: Objective, sizes=BLOCK_SIZES
 
 
 def block_bound(instance: Instance, objective: Objective, deadline: Deadline, schedule: Schedule | None = None,
-                sizes=BLOCK_SIZES, pricer=None, on_value=None) -> tuple[float, BlockFamily]:
+                sizes=BLOCK_SIZES, pricer=None, on_value=None, runner: UnitRunner = UnitRunner(),
+                passes: int | None = None) -> tuple[float, BlockFamily]:
     """The block bound (mean seconds) of the blocks `candidate_blocks` gives, and the family.
 
     Every block is first priced by the analytic bounds of the block alone (milliseconds each), then
     again, in order of the gain that left the least to find (V_S - what the base counts, largest
-    first), by `pricer(block_instance, members, deadline) -> a certified bound on the block's sum`
-    (default `price_block` from `schedule` restricted to the block) with an equal share of the time
-    left, until `deadline`. A block priced twice keeps the larger value. `on_value(value)`: called
-    with the bound after each step that raised it (anytime: every partial family is a bound)."""
+    first), by `price_block` from `schedule` restricted to the block, each with an equal share of
+    the time left over the blocks and `runner`'s workers (at most BLOCK_SECONDS[1]), until
+    `deadline`; or by `pricer(block_instance, members, deadline) -> a certified bound on the block's
+    sum` where given (in this process). The blocks are independent units: `runner` prices them on
+    every core (default) or on Ray; with a `passes` budget (`price_block`) the bound is the same
+    from each. A block priced twice keeps the larger value. `on_value(value)`: called with the bound
+    after each step that raised it (anytime: every partial family is a bound)."""
     family = BlockFamily(instance, objective)
     best = family.value
 
@@ -278,29 +285,87 @@ def block_bound(instance: Instance, objective: Objective, deadline: Deadline, sc
                 on_value(best)
 
     blocks = candidate_blocks(instance, objective, sizes)
+    subs = [at_zero(instance, members) for members in blocks]
     cheap = []
-    for members in blocks:
-        if deadline.expired():
-            break
-        sub = at_zero(instance, members)
-        family.add(members, price_block(sub, objective, deadline, None), weigh=False,
-                   completions=completion_order_bounds(sub, objective) if not instance.offline else None)
-        cheap.append((family.blocks[-1][1] - family.own(members), len(family.blocks) - 1, members, sub))
+    for at, (priced, completions) in _cheap_prices(subs, objective, instance.offline, runner,
+                                                                          deadline):
+        family.add(blocks[at], priced, weigh=False, completions=completions)
+        cheap.append((family.blocks[-1][1] - family.own(blocks[at]), len(family.blocks) - 1, blocks[at], subs[at]))
     family.weigh()
     offer()
     cheap.sort(key=lambda c: -c[0])
-    for k, (_, at, members, sub) in enumerate(cheap):
-        if deadline.expired():
-            break
-        share = _block_deadline(deadline, len(cheap) - k)
-        if pricer is not None:
-            priced = pricer(sub, members, share)
-        else:
-            priced = price_block(sub, objective, share,
-                                 restricted(schedule, members, sub) if schedule is not None else None)
-        family.reprice(at, priced)
-        offer()
+    if pricer is not None:
+        for k, (_, at, members, sub) in enumerate(cheap):
+            if deadline.expired():
+                break
+            family.reprice(at, pricer(sub, members, _block_deadline(deadline, len(cheap) - k)))
+            offer()
+        return family.value, family
+    if not cheap or deadline.expired():
+        return family.value, family
+    seconds = _block_seconds(deadline, len(cheap), runner.count(len(cheap)))
+    units = [(sub, objective, seconds, restricted(schedule, members, sub) if schedule is not None else None, passes)
+             for _, _, members, sub in cheap]
+    results = runner.run(_price_unit, units)
+    try:
+        for k, priced in results:
+            family.reprice(cheap[k][1], priced)
+            offer()
+            if deadline.expired():
+                break
+    finally:
+        results.close()  # the blocks not priced in time are dropped, their workers stopped
     return family.value, family
+
+
+def _price_unit(unit) -> float:
+    """One block priced in a worker: (block instance, objective, seconds, its schedule, passes)."""
+    sub, objective, seconds, schedule, passes = unit
+    return price_block(sub, objective, Deadline(seconds), schedule, passes)
+
+
+def _cheap_unit(unit) -> list:
+    """The analytic prices of a chunk of blocks in a worker: [(priced sum, completions or None)]."""
+    subs, objective, offline = unit
+    return [(price_block(sub, objective, Deadline(None), None),
+             None if offline else completion_order_bounds(sub, objective)) for sub in subs]
+
+
+#: fewer blocks than this are priced analytically in this process (a pool costs more than they do)
+POOL_FROM = 256
+
+
+def _cheap_prices(subs: list[Instance], objective: Objective, offline: bool, runner: UnitRunner, deadline: Deadline):
+    """(members index, (analytic price, completion bounds)) of every block, in order, until `deadline`:
+    in chunks on `runner`'s workers where there are many."""
+    workers = runner.count(len(subs) // POOL_FROM)
+    chunks = [subs[k::workers] for k in range(workers)] if workers > 1 else [subs]
+    if workers == 1:
+        for k, sub in enumerate(subs):
+            if deadline.expired():
+                return
+            yield k, _cheap_unit(([sub], objective, offline))[0]
+        return
+    results = runner.run(_cheap_unit, [(chunk, objective, offline) for chunk in chunks])
+    done = {}
+    try:
+        for c, priced in results:
+            done[c] = priced
+            if deadline.expired():
+                break
+    finally:
+        results.close()
+    # every chunk strides the blocks: block k is chunk k % workers, position k // workers
+    for k in range(len(subs)):
+        c = k % workers
+        if c in done:
+            yield k, done[c][k // workers]
+
+
+def _block_seconds(deadline: Deadline, blocks: int, workers: int) -> float:
+    """One block's seconds: an equal share of the time left over `blocks` blocks on `workers` workers, at
+    most BLOCK_SECONDS[1]."""
+    return min(BLOCK_SECONDS[1], deadline.remaining() * workers / blocks)  # remaining() is inf without a limit
 
 
 def _block_deadline(deadline: Deadline, left: int) -> Deadline:
@@ -342,7 +407,10 @@ class _BlockMethod:
             if certify is not None:
                 certify(Bound(NAME, value, time.perf_counter() - began, note="so far: blocks still being priced"))
 
-        value, family = block_bound(known.instance, known.objective, deadline, known.best_schedule, on_value=offer)
+        options = getattr(known, "options", None)
+        runner = options.units if options is not None else UnitRunner()
+        value, family = block_bound(known.instance, known.objective, deadline, known.best_schedule, on_value=offer,
+                                    runner=runner)
         sizes = sorted({len(m) for m, _, _ in family.blocks})
         note = (f"{len(family.blocks)} blocks priced (sizes {', '.join(map(str, sizes)) or '-'}), "
                 f"{family.used()} weighted by the LP")

@@ -16,7 +16,7 @@ from ..deadline import Deadline
 from ..io.cases import load_case
 from ..io.schedules import load_schedule
 from ..schedule import ScheduleError
-from .args import add_backend, add_objective, add_slo, add_time_limit, positive, solve_options
+from .args import add_backend, add_objective, add_slo, add_time_limit, add_units, solve_options
 
 
 def register(sub) -> None:
@@ -55,11 +55,7 @@ def register(sub) -> None:
                        description="SPEC.toml is documented in docs/sweeps.md. Results go to DIR/results.csv as "
                                    "each point finishes; a re-run skips finished points.")
     p.add_argument("spec")
-    p.add_argument("--backend", choices=("local", "ray"), default="local",
-                   help="local: a process pool (default); ray: Ray tasks")
-    p.add_argument("--address", help="with --backend ray: the cluster to join (e.g. auto or ray://host:10001); "
-                                     "default: start a local Ray instance")
-    p.add_argument("--workers", type=positive(int), help="parallel points (default: the CPU count)")
+    add_units(p, "where the points run")
     p.add_argument("--out", help="results folder (default: sweep-results/NAME)")
     p.set_defaults(func=cmd_sweep)
 

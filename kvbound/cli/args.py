@@ -11,6 +11,8 @@ from ..errors import InputError
 from ..formulation import FORMULATION_KINDS
 from ..objective import OBJECTIVES, Objective
 from ..solvers.options import DEFAULT_TIME_LIMIT, FORMULATIONS, SEARCH, SEARCH_ALIAS, SolveOptions
+from ..units import BACKENDS as UNIT_BACKENDS
+from ..units import UnitRunner
 from ..workload import MAX_INT
 
 
@@ -101,8 +103,24 @@ def add_backend(p, help: str | None = None) -> None:
                         f"the time limit; auto (default): the first model small enough, else {SEARCH}")
 
 
+def add_units(p, what: str) -> None:
+    """`--backend`, `--address` and `--workers`: where independent units of work run (`kvbound.units`)."""
+    p.add_argument("--backend", choices=UNIT_BACKENDS, default="local",
+                   help=f"{what}: local: a process pool (default); ray: Ray tasks")
+    p.add_argument("--address", help="with --backend ray: the cluster to join (e.g. auto or ray://host:10001); "
+                                     "default: start a local Ray instance")
+    p.add_argument("--workers", type=positive(int), help="units at once (default: the CPU count)")
+
+
+def unit_runner(args) -> UnitRunner:
+    return UnitRunner(args.backend, args.workers, args.address)
+
+
 def solve_options(args, **more) -> SolveOptions:
-    """The SolveOptions of a command's `--objective`, `--solver`, `--formulation` and `--time-limit`."""
+    """The SolveOptions of a command's `--objective`, `--solver`, `--formulation`, `--time-limit` and,
+    where it has them, `--backend`, `--address` and `--workers`."""
+    if hasattr(args, "address"):  # the commands with add_units
+        more.setdefault("units", unit_runner(args))
     return SolveOptions(objective=Objective.parse(args.objective, "", "objective"), backend=args.solver,
                         formulation=args.formulation, time_limit=args.time_limit, **more)
 

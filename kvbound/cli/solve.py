@@ -13,7 +13,7 @@ from ..constraints import Constraints
 from ..schedulers import FAST_HEURISTICS, SCHEDULERS
 from ..solvers.driver import lower_bounds, solve_with
 from ..io.cases import load_case
-from .args import add_backend, add_objective, add_time_limit, percent, positive, solve_options
+from .args import add_backend, add_objective, add_time_limit, add_units, percent, positive, solve_options
 
 
 def register(sub) -> None:
@@ -55,6 +55,7 @@ def _common(p, solver_help: str | None = None) -> None:
     add_time_limit(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     add_backend(p, solver_help)
+    add_units(p, "where a bound's independent blocks are priced")
 
 
 def _warm(text: str):

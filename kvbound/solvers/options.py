@@ -7,6 +7,7 @@ from ..constraints import Constraints
 from ..formulation import FORMULATION_KINDS
 from ..objective import Objective
 from ..schedulers import FAST_HEURISTICS
+from ..units import UnitRunner
 
 #: seconds, when a command or call names no time limit
 DEFAULT_TIME_LIMIT = 60.0
@@ -36,6 +37,8 @@ class SolveOptions:
     # also the bounds computed before a model only where every bound is asked for (`kvbound bound`:
     # the LP relaxation, in up to half of the time the heuristics leave)
     every_bound: bool = False
+    # where independent units of a bound (the block bound's blocks) run: every core by default, or Ray
+    units: UnitRunner = UnitRunner()
 
     def __post_init__(self):
         object.__setattr__(self, "objective", Objective.parse(self.objective))

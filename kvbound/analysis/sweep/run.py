@@ -4,14 +4,13 @@ resumable results table, then writes the report.
 """
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ... import interrupt
-from ...errors import InputError
 from ...interrupt import Stopped
+from ...units import check_backend, run_units
 from ..compare import METRIC_COLUMNS, compare
 from .report import write_report
 from .spec import PARAM_COLUMNS, Point, SweepSpec
@@ -90,10 +89,7 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path, *, backend: str = "local", w
     """
     from tqdm import tqdm
 
-    if backend not in ("local", "ray"):
-        raise InputError("", "backend", f"{backend}: must be local or ray")
-    if workers is not None and workers < 1:
-        raise InputError("", "workers", f"{workers}: must be >= 1")
+    check_backend(backend, workers)
     t0 = time.perf_counter()
     points = spec.points()  # every bad grid value is reported before anything is written
     out_dir = Path(out_dir)
@@ -101,12 +97,12 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path, *, backend: str = "local", w
     table = results_table(out_dir / "results.csv")
     done = table.done
     todo = [p for p in points if p.key not in done]
-    runner = _run_ray(todo, workers, address) if backend == "ray" else _run_local(todo, workers)
+    runner = run_units(evaluate_point, todo, backend=backend, workers=workers, address=address)
     ran, interrupted = 0, False
     with tqdm(total=len(points), initial=len(points) - len(todo), unit="point", desc=spec.name,
               disable=not progress if progress is not None else None) as bar:
         try:
-            for rows in runner:
+            for _, rows in runner:
                 with interrupt.deferred():  # a point's rows are written whole
                     table.append(rows)
                 ran += 1
@@ -125,58 +121,3 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path, *, backend: str = "local", w
         if plots:
             result.plots = write_report(result)
         return result
-
-
-def _run_local(points: list[Point], workers: int | None):
-    if not points:
-        return
-    workers = min(workers or os.cpu_count() or 1, len(points))
-    if workers == 1:  # no pool: cheaper, and a debugger or profiler sees the work
-        for p in points:
-            yield evaluate_point(p)
-        return
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-
-    pool = ProcessPoolExecutor(max_workers=workers, initializer=interrupt.die_with_parent)
-    try:
-        futures = [pool.submit(evaluate_point, p) for p in points]
-        for future in as_completed(futures):
-            yield future.result()
-    except BaseException:
-        # Ctrl-C, an error, or the caller stopped: finished points are already written. Do not wait
-        # for the running ones (a solver in native code can take minutes to notice a signal).
-        for proc in list((getattr(pool, "_processes", None) or {}).values()):
-            proc.terminate()
-        pool.shutdown(wait=False, cancel_futures=True)
-        raise
-    pool.shutdown()
-
-
-def _run_ray(points: list[Point], workers: int | None, address: str | None):
-    if not points:
-        return
-    try:
-        import ray
-    except ImportError:
-        raise InputError("", "backend", "ray: needs Ray: pip install 'kvbound[distributed]'") from None
-    started = not ray.is_initialized()
-    if started:
-        if address:
-            ray.init(address=address, log_to_driver=False)
-        else:
-            ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
-    try:
-        task = ray.remote(num_cpus=1)(evaluate_point)
-        # points travel with their Instance, so worker nodes need kvbound installed but not the case files
-        pending = [task.remote(p) for p in points]
-        try:
-            while pending:
-                ready, pending = ray.wait(pending, num_returns=1)
-                yield ray.get(ready[0])
-        except BaseException:
-            for ref in pending:  # on a shared cluster, do not leave the rest of the sweep running
-                ray.cancel(ref, force=True)
-            raise
-    finally:
-        if started:
-            ray.shutdown()
