@@ -8,7 +8,8 @@ C = 4096, preset llama2-7b-a100), timing separately (time.perf_counter)
 
 * simulate: `kvbound.run_scheduler` (the policy plus the semantics applied batch by batch),
 * validate: the schedule's JSON round trip (`to_json`, `schedule_from_json`) and a full
-  replay with `kvbound.validate`, as `kvbound simulate` does before it reports,
+  replay with `kvbound.validate`, as `kvbound validate` does with a schedule file (`kvbound simulate`
+  reports the simulator's own replay, the same one run as the batches are made),
 
 and writes bench/results/simulator.md (a Markdown table) and simulator.csv beside it,
 each atomically; a section of simulator.md from `KEPT` on (the before/after figures of a change,

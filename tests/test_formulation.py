@@ -512,6 +512,41 @@ def test_pairwise_work_waits_with_arrivals_never_exceed_the_brute_force_optimum(
     assert (alone + waits) / len(inst) <= brute_force(inst, Objective.MEAN_LATENCY).value * (1 + 1e-9) + 1e-12
 
 
+@settings(max_examples=80, deadline=None)
+@given(inst=instances(min_requests=3, max_requests=4, max_prompt=2, max_output=3))
+def test_intercept_parts_from_several_partners_never_exceed_the_brute_force_optimum(inst):
+    """Each request's intercept part now comes from all its earlier partners at once (`_intercept_parts`):
+    with 3-4 requests arriving close together or all at 0 (several partners each), the bound stays below
+    the optimum."""
+    from kvbound.bounds.analytic import pair_terms, pairwise_work_waits
+
+    order, rows, extra = pair_terms(inst, Objective.MEAN_LATENCY)
+    waits = pairwise_work_waits(inst, Objective.MEAN_LATENCY)
+    assert waits == pytest.approx(sum(float(p.sum()) for _, p in rows) + float(extra.sum()))
+    alone = sum(time_alone(inst, Objective.TOTAL_LATENCY)[i] for i in range(len(inst)))
+    assert (alone + waits) / len(inst) <= brute_force(inst, Objective.MEAN_LATENCY).value * (1 + 1e-9) + 1e-12
+
+
+def test_intercept_parts_charge_every_partner_the_work_done_in_its_batches():
+    # r0 and r1 (1 prompt token, 3 to generate) at 0, q (4 prompt tokens, 1 to generate: 1 s of
+    # work) at 2.5 s (1 s intercept, 0.25 s a token, 0.25 s a cached token read). At 2.5 s each of
+    # r0, r1 has at least its third token's batch to come (0.75 s of work left). q either waits for
+    # a batch it is not in (1 s of intercept besides the 0.75 s of each partner's work: 1 s over the
+    # pairs' 1.5 s), or finishes no earlier than a partner, which then waits for all of q's 1 s: with
+    # both, 2 s, 0.5 s over the pairs. One partner at a time saw 1 s against 0.75 s: 0.25 s.
+    from kvbound.bounds.analytic import _intercept_parts, _progress_work, pair_terms
+
+    cost = CostModel(intercept=1.0, per_token=0.25, decode_kv=0.25)
+    inst = Instance((Request(1, 3), Request(1, 3), Request(4, 1, 2.5)), SystemConfig(64, 8, 8, 1), cost)
+    order, rows, extra = pair_terms(inst, Objective.MEAN_LATENCY)
+    assert [float(p[-1]) for _, p in rows] == [0.75, 0.75]
+    assert extra[2] == pytest.approx(0.5)
+    one = np.array([[0.75, 1, 0.75]])
+    assert _intercept_parts(one, _progress_work(inst, 2, np.array([1.0])), 1.0, 1.0) == pytest.approx(0.25)
+    bound = (sum(time_alone(inst, Objective.TOTAL_LATENCY)) + sum(float(p.sum()) for _, p in rows) + extra.sum()) / 3
+    assert bound <= brute_force(inst, Objective.MEAN_LATENCY).value * (1 + 1e-9)
+
+
 def test_one_machine_bound_takes_each_request_s_own_time_too():
     # M = 6 holds r0 (I = 4, O = 3) or r2 (I = 2, O = 2) with one more token, r1 (I = 4, O = 2)
     # arrives at 3 s; 1 s intercept, 0.25 s a token. The machine's k-th completion (SRPT on the

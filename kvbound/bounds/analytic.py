@@ -193,30 +193,25 @@ def pairwise_work_waits(instance: Instance, objective: Objective) -> float:
     W_r - (a_q - a_r) (at most a_q - a_r of it is done before a_q; of a batch running at a_q, q
     waits for the rest, which the requests in it share out without counting any time twice), and at
     least the work of the tokens r cannot have reached by then. So the pair adds at least
-    min(r's work left at a_q, W_q). For mean latency each request q also takes, from one earlier
-    partner r (the one it adds most with), the intercepts of r's later batches it is not in
-    (`_skipped_intercepts`): those do not add up over partners, a batch may hold several. For TTFT
-    the same holds with each request's first prefill work and its first token. docs/formulation.md,
-    "Bounds".
+    min(r's work left at a_q, W_q). For mean latency each request q also adds the intercepts of its
+    earlier partners' later batches that it is not in, or the work it does in them, which every
+    partner still running waits for (`_intercept_parts`). For TTFT the same holds with each
+    request's first prefill work and its first token. docs/formulation.md, "Bounds".
     """
-    order, rows = pair_rows(instance, objective)
-    total, extra = 0.0, np.zeros(len(order))  # extra: per request, what its best earlier partner adds with intercepts
-    for later, pair, gain in rows:
-        total += float(pair.sum())
-        if gain is not None:
-            extra[later] = np.maximum(extra[later], gain)
-    return total + float(extra.sum())
+    _, rows, extra = pair_terms(instance, objective)
+    return sum(float(pair.sum()) for _, pair in rows) + float(extra.sum())
 
 
-def pair_rows(instance: Instance, objective: Objective):
-    """The terms of `pairwise_work_waits`, one request r at a time in arrival order: `order` (the
-    requests by arrival) and, for each r but the last, (`later`: the positions in `order` of the
-    requests q arriving while r can still be working, `pair`: min(r's work left at a_q, W_q) for
-    each, `gain`: for mean latency what each q adds with r's later intercepts over `pair`, None for
-    first tokens). The block bound (blocks.py) reads them per pair."""
+def pair_terms(instance: Instance, objective: Objective):
+    """The terms of `pairwise_work_waits`: `order` (the requests by arrival); `rows`, one per request r
+    in that order but the last: (`later`: the positions in `order` of the requests q arriving while
+    r can still be working, `pair`: min(r's work left at a_q, W_q) for each); and `extra`, per
+    position q in `order`, what q adds with its earlier partners' later batches over the pairs
+    (`_intercept_parts`; 0 for first tokens). The block bound (blocks.py) reads them per pair."""
     cost = instance.cost
     order = np.argsort(instance.arrivals, kind="stable")
     arrivals = instance.arrivals[order]
+    n = len(order)
     if objective.first_token:
         work = prefill_work(instance.prompts[order], cost)
         reach = np.searchsorted(arrivals, arrivals + work, side="left")  # pairs further apart add nothing
@@ -226,33 +221,34 @@ def pair_rows(instance: Instance, objective: Objective):
         steps = [_token_steps(instance, int(i), first_prefill[i]) for i in order]
         work = np.array([float(w.sum()) for _, w in steps])
         reach = np.searchsorted(arrivals, arrivals + np.array([t[-1] for t, _ in steps]), side="left")
-        least = [_least_progress_cost(instance, int(i), w) for i, (_, w) in zip(order, steps)]
+    positions = np.arange(n)
+    rows = []
+    partners: list[list] = [[] for _ in range(n)]  # per later q: (r's work left at a_q, r's later batches, pair)
+    for k in range(n - 1):
+        later = slice(k + 1, max(k + 1, int(reach[k])))
+        gap = arrivals[later] - arrivals[k]
+        left = np.maximum(work[k] - gap, 0.0)
+        if steps is not None:
+            times, token_work_k = steps[k]
+            reached = np.searchsorted(times, gap, side="right")  # the most tokens r can have at a_q
+            left = np.maximum(left, _work_left_after(times, token_work_k, gap, reached))
+        pair = np.minimum(left, work[later])
+        rows.append((positions[later], pair))
+        if steps is not None:
+            late = np.maximum(len(times) - 1 - reached, 0)  # r's batches that start after a_q
+            for q, terms in zip(positions[later], zip(left, late, pair)):
+                partners[q].append(terms)
+    extra = np.zeros(n)
+    if steps is not None:
+        for q in range(n):
+            if partners[q]:
+                progress = _progress_work(instance, int(order[q]), steps[q][1])
+                extra[q] = _intercept_parts(np.array(partners[q]), progress, work[q], cost.intercept)
+    return order, rows, extra
 
-    positions = np.arange(len(order))
 
-    def rows():
-        for k in range(len(order) - 1):
-            later = slice(k + 1, max(k + 1, int(reach[k])))
-            gap = arrivals[later] - arrivals[k]
-            left = np.maximum(work[k] - gap, 0.0)
-            if steps is not None:
-                times, token_work_k = steps[k]
-                reached = np.searchsorted(times, gap, side="right")  # the most tokens r can have at a_q
-                left = np.maximum(left, _work_left_after(times, token_work_k, gap, reached))
-            pair = np.minimum(left, work[later])
-            gain = None
-            if steps is not None and len(gap):
-                late = np.maximum(len(times) - 1 - reached, 0)  # r's batches that start after a_q
-                waited = left + cost.intercept * late + _skipped_intercepts(least[later], late)
-                gain = np.minimum(waited, work[later]) - pair
-            yield positions[later], pair, gain
-
-    return order, rows()
-
-
-def _least_progress_cost(instance: Instance, i: int, work: np.ndarray) -> np.ndarray:
-    """Request i's least work to come p batches closer to done, minus the intercepts of p batches,
-    for p = 0 .. its fewest batches, as a running minimum over p (`_skipped_intercepts` reads it).
+def _progress_work(instance: Instance, i: int, work: np.ndarray) -> np.ndarray:
+    """Request i's least work to come p batches closer to done, p = 0 .. its fewest batches.
 
     Its fewest batches from the start are ceil(I / P) + O - 1 and each batch removes at most one:
     the j-th of the first ceil(I / P) needs the prompt's tokens up to I - (ceil(I / P) - j) P (their
@@ -261,17 +257,29 @@ def _least_progress_cost(instance: Instance, i: int, work: np.ndarray) -> np.nda
     P = instance.system.max_prefill_tokens
     chunks = fewest_batches(r.prompt, 1, P)
     prefix = cost.per_token * (r.prompt - (chunks - np.arange(1, chunks)) * P)
-    done = np.r_[0.0, prefix, work[0] + np.r_[0.0, np.cumsum(work[1:])]]  # p = 0, the chunks, then each token
-    return np.minimum.accumulate(done - cost.intercept * np.arange(len(done)))
+    return np.r_[0.0, prefix, work[0] + np.r_[0.0, np.cumsum(work[1:])]]  # p = 0, the chunks, then each token
 
 
-def _skipped_intercepts(least, late: np.ndarray) -> np.ndarray:
-    """For each later request q (its `_least_progress_cost`) and the number of r's batches that start
-    after a_q: if q finishes after r, the batches of r that q is not in, plus the batches q needs
-    after r is done, are at least `late` - p more than q's fewest, where p is how much closer q came
-    in its batches before r's end, whose work r waits for: min over p of that work + intercepts,
-    less the `late` intercepts the caller adds."""
-    return np.array([row[min(n, len(row) - 1)] for row, n in zip(least, late)])
+def _intercept_parts(partners: np.ndarray, progress: np.ndarray, own_work: float, intercept: float) -> float:
+    """What request q adds over its pairs' work waits, from its earlier partners r at once.
+
+    `partners`: per r, (L: r's work left at a_q, R: r's batches that must start after a_q, the pair's
+    term); `progress`: q's least work to come p batches closer to done (`_progress_work`). Let A be
+    the partners that finish before q, and s_r how much closer q came by r's end (s_r <= S - 1, S
+    q's fewest batches: q is not done). Then q's window holds r's R batches, and q needs S - s_r more
+    after them, so at least max over A of (R - s_r) batches more than its fewest, each an intercept
+    more; r waits for q's work of that progress (`progress[s_r]`) besides q waiting for L; a partner
+    finishing after q waits for all of q's work. Over m = that maximum, each partner takes its
+    cheaper side: min over m >= 0 of m k0 + sum_r min(W_q, L + progress[max(0, R - m)]) (the
+    second only where max(0, R - m) <= S - 1), less the pairs. With one partner it is the pair's
+    intercept step; with several, every partner still running pays the work q does in its batches."""
+    L, R, pair = partners[:, 0], partners[:, 1].astype(int), partners[:, 2]
+    fewest = len(progress) - 1
+    ms = np.arange(int(R.max()) + 1)
+    need = np.maximum(R[None, :] - ms[:, None], 0)  # q's progress by r's end, were r in A
+    before = np.where(need <= fewest - 1, L[None, :] + progress[np.minimum(need, fewest)], np.inf)
+    added = intercept * ms + (np.minimum(own_work, before) - pair[None, :]).sum(axis=1)
+    return max(0.0, float(added.min()))
 
 
 def _token_steps(instance: Instance, i: int, first_prefill: float) -> tuple[np.ndarray, np.ndarray]:

@@ -33,7 +33,7 @@ from ..objective import Objective
 from ..schedule import Batch, Schedule, validate
 from ..units import UnitRunner
 from ..workload import Instance
-from .analytic import analytic_bounds, completion_order_bounds, pair_rows
+from .analytic import analytic_bounds, completion_order_bounds, pair_terms
 from .base import Bound, Stage, register
 
 #: the block sizes tried, smallest first (blocks of one are the singletons: their gain is 0)
@@ -49,19 +49,18 @@ NAME = "blocks: each block alone + pairwise work waits across blocks"
 def pair_waits(instance: Instance, objective: Objective) -> tuple[np.ndarray, np.ndarray]:
     """(P, E). P[i, j] = P[j, i]: a lower bound on the work of j that i waits for plus the work of i
     that j waits for: with a_r <= a_q, min(r's work left at a_q, W_q) (`analytic.pairwise_work_waits`,
-    whose sum over pairs is P's). E[q] (mean latency only): what q adds with the intercepts of its
-    best earlier partner's later batches, over that pair's P (`analytic._skipped_intercepts`); it
-    spends q's own batches and that one pair, so it counts only where neither is in a block. For
+    whose sum over pairs is P's). E[q] (mean latency only): what q adds with its earlier partners'
+    later batches over their pairs' P (`analytic._intercept_parts`); it spends q's own batches and
+    those pairs (docs/formulation.md: it is counted with q's own weight left outside blocks). For
     first tokens, prefill work and no E. sum P / 2 + sum E is the pairwise bound's sum."""
     n = len(instance)
-    out, extra = np.zeros((n, n)), np.zeros(n)
-    order, rows = pair_rows(instance, objective)
-    for k, (later, pair, gain) in enumerate(rows):
+    out = np.zeros((n, n))
+    order, rows, extra = pair_terms(instance, objective)
+    for k, (later, pair) in enumerate(rows):
         out[order[k], order[later]] = pair
-        if gain is not None:
-            q = order[later]
-            extra[q] = np.maximum(extra[q], gain)
-    return out + out.T, extra
+    by_request = np.zeros(n)
+    by_request[order] = extra
+    return out + out.T, by_request
 
 
 def at_zero(instance: Instance, members) -> Instance:
