@@ -62,9 +62,10 @@ def _pool(fn, units, workers: int):
             yield index[future], future.result()
     except BaseException:
         # Ctrl-C, an error, or the caller stopped early: do not wait for the running units (a solver
-        # in native code can take minutes to notice a signal)
+        # in native code can take minutes to notice a signal). SIGKILL: a worker hears SIGTERM as
+        # kvbound's request to stop and would print the traceback of its pool's loop
         for proc in list((getattr(pool, "_processes", None) or {}).values()):
-            proc.terminate()
+            proc.kill()
         pool.shutdown(wait=False, cancel_futures=True)
         raise
     pool.shutdown()
