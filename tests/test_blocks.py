@@ -202,6 +202,7 @@ def test_blocks_priced_here_on_every_core_and_on_ray_give_one_bound(monkeypatch)
     objective = Objective.MEAN_LATENCY
     schedule = run_scheduler(inst, "vllm").schedule
     monkeypatch.setattr(blocks_module, "POOL_FROM", 4)  # the chunked analytic pricing, on few blocks
+    monkeypatch.setattr(blocks_module, "CHUNK", 5)  # in more chunks than workers
     runners = [UnitRunner(workers=1), UnitRunner(workers=2)]
     if importlib.util.find_spec("ray") is not None:
         runners.append(UnitRunner("ray", 2))

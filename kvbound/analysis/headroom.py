@@ -384,8 +384,8 @@ class _Runner:
         if self.pool is None:
             return
         # units still running (an interrupt, an error) are not waited for: a solver in native code can take
-        # long to notice a signal
+        # long to notice a signal (SIGKILL: SIGTERM there is kvbound's request to stop, with a traceback)
         for proc in list((getattr(self.pool, "_processes", None) or {}).values()):
-            proc.terminate()
+            proc.kill()
         self.pool.shutdown(wait=False, cancel_futures=True)
         self.pool = None

@@ -330,22 +330,24 @@ def _cheap_unit(unit) -> list:
              None if offline else completion_order_bounds(sub, objective)) for sub in subs]
 
 
-#: fewer blocks than this are priced analytically in this process (a pool costs more than they do)
+#: fewer blocks than this a worker are priced analytically in this process (a pool costs more than they do)
 POOL_FROM = 256
+#: blocks a unit of the analytic pricing: small enough that the deadline leaves few unreturned
+CHUNK = 128
 
 
 def _cheap_prices(subs: list[Instance], objective: Objective, offline: bool, runner: UnitRunner, deadline: Deadline):
-    """(members index, (analytic price, completion bounds)) of every block, in order, until `deadline`:
-    in chunks on `runner`'s workers where there are many."""
+    """(block index, (analytic price, completion bounds)) of every block, in order, until `deadline`:
+    in chunks on `runner`'s workers where there are many (then the chunks returned by the deadline)."""
     workers = runner.count(len(subs) // POOL_FROM)
-    chunks = [subs[k::workers] for k in range(workers)] if workers > 1 else [subs]
     if workers == 1:
         for k, sub in enumerate(subs):
             if deadline.expired():
                 return
             yield k, _cheap_unit(([sub], objective, offline))[0]
         return
-    results = runner.run(_cheap_unit, [(chunk, objective, offline) for chunk in chunks])
+    count = max(workers, -(-len(subs) // CHUNK))
+    results = runner.run(_cheap_unit, [(subs[c::count], objective, offline) for c in range(count)])
     done = {}
     try:
         for c, priced in results:
@@ -354,11 +356,10 @@ def _cheap_prices(subs: list[Instance], objective: Objective, offline: bool, run
                 break
     finally:
         results.close()
-    # every chunk strides the blocks: block k is chunk k % workers, position k // workers
+    # the chunks stride the blocks: block k is in chunk k % count, at position k // count
     for k in range(len(subs)):
-        c = k % workers
-        if c in done:
-            yield k, done[c][k // workers]
+        if k % count in done:
+            yield k, done[k % count][k // count]
 
 
 def _block_seconds(deadline: Deadline, blocks: int, workers: int) -> float:
