@@ -4,7 +4,8 @@
 (`workers=1`), on a process pool of `workers` (default: every core), or as Ray tasks (`backend="ray"`:
 on the cluster at `address`, else on a local Ray of `workers` CPUs). `fn` and the units must pickle;
 results come back in the order they finish. Closing the generator early (the caller's deadline, an
-error, Ctrl-C) cancels what has not run and terminates what is running.
+error) cancels what has not run and stops what is running; so does an interrupt (Ctrl-C, SIGTERM), which
+it raises as `Stopped` within POLL_SECONDS even while a unit runs (the units hear it too).
 """
 from __future__ import annotations
 
@@ -14,9 +15,12 @@ from dataclasses import dataclass
 
 from . import interrupt
 from .errors import InputError
+from .interrupt import Stopped
 
 #: the ways `run_units` runs its units
 BACKENDS = ("local", "ray")
+#: how often a wait for units looks for an interrupt
+POLL_SECONDS = 0.2
 #: set in a worker while it runs units: units it starts run there, one after another (a sweep point's
 #: solve does not start a pool of its own on cores the sweep's other points use)
 _in_a_unit = False
@@ -52,14 +56,23 @@ def _here(fn, units):
         yield k, fn(unit)
 
 
+def _interrupted() -> None:
+    if interrupt.requested() is not None:
+        raise Stopped("interrupted")
+
+
 def _pool(fn, units, workers: int):
-    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
     pool = ProcessPoolExecutor(max_workers=workers, initializer=_enter_worker)
     try:
         index = {pool.submit(fn, unit): k for k, unit in enumerate(units)}
-        for future in as_completed(index):
-            yield index[future], future.result()
+        pending = set(index)
+        while pending:
+            _interrupted()
+            done, pending = wait(pending, timeout=POLL_SECONDS, return_when=FIRST_COMPLETED)
+            for future in done:
+                yield index[future], future.result()
     except BaseException:
         # Ctrl-C, an error, or the caller stopped early: do not wait for the running units (a solver
         # in native code can take minutes to notice a signal). SIGKILL: a worker hears SIGTERM as
@@ -102,8 +115,10 @@ def _ray(fn, units, workers: int | None, address: str | None):
         pending = list(index)
         try:
             while pending:
-                ready, pending = ray.wait(pending, num_returns=1)
-                yield index[ready[0]], ray.get(ready[0])
+                _interrupted()
+                ready, pending = ray.wait(pending, num_returns=1, timeout=POLL_SECONDS)
+                if ready:
+                    yield index[ready[0]], ray.get(ready[0])
         except BaseException:
             for ref in pending:  # on a shared cluster, do not leave the rest running
                 ray.cancel(ref, force=True)

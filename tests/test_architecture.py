@@ -209,7 +209,7 @@ def test_atomic_writer_replaces_whole_files_and_leaves_nothing_behind(tmp_path):
 #: kvbound's layers, lowest first: a module imports only from its own layer or lower ones (by prefix)
 LAYERS = (
     ("kvbound.errors", "kvbound.accounting", "kvbound.objective", "kvbound.interrupt", "kvbound.deadline",
-     "kvbound.fileio", "kvbound.progress"),  # foundations
+     "kvbound.fileio", "kvbound.progress", "kvbound.units"),  # foundations (units: a pool or Ray for any work)
     ("kvbound.costs", "kvbound.workload", "kvbound.alone", "kvbound.schedule", "kvbound.constraints", "kvbound.io",
      "kvbound.generate", "kvbound.cpsat_process", "kvbound.kernels"),  # the domain, its files, the CP-SAT child
     ("kvbound.schedulers",),  # heuristics, the simulator, packing, schedule rewrites

@@ -223,7 +223,7 @@ def pair_terms(instance: Instance, objective: Objective):
         reach = np.searchsorted(arrivals, arrivals + np.array([t[-1] for t, _ in steps]), side="left")
     positions = np.arange(n)
     rows = []
-    partners: list[list] = [[] for _ in range(n)]  # per later q: (r's work left at a_q, r's later batches, pair)
+    partners = []  # per r: (the later q, r's work left at a_q, r's batches after a_q, the pair's term)
     for k in range(n - 1):
         later = slice(k + 1, max(k + 1, int(reach[k])))
         gap = arrivals[later] - arrivals[k]
@@ -236,14 +236,16 @@ def pair_terms(instance: Instance, objective: Objective):
         rows.append((positions[later], pair))
         if steps is not None:
             late = np.maximum(len(times) - 1 - reached, 0)  # r's batches that start after a_q
-            for q, terms in zip(positions[later], zip(left, late, pair)):
-                partners[q].append(terms)
+            partners.append(np.column_stack([positions[later], left, late, pair]))
     extra = np.zeros(n)
-    if steps is not None:
+    if steps is not None and partners:
+        terms = np.concatenate(partners)
+        terms = terms[np.argsort(terms[:, 0], kind="stable")]
+        cuts = np.searchsorted(terms[:, 0], np.arange(n + 1))
         for q in range(n):
-            if partners[q]:
+            if cuts[q + 1] > cuts[q]:
                 progress = _progress_work(instance, int(order[q]), steps[q][1])
-                extra[q] = _intercept_parts(np.array(partners[q]), progress, work[q], cost.intercept)
+                extra[q] = _intercept_parts(terms[cuts[q]:cuts[q + 1], 1:], progress, work[q], cost.intercept)
     return order, rows, extra
 
 
@@ -272,14 +274,41 @@ def _intercept_parts(partners: np.ndarray, progress: np.ndarray, own_work: float
     finishing after q waits for all of q's work. Over m = that maximum, each partner takes its
     cheaper side: min over m >= 0 of m k0 + sum_r min(W_q, L + progress[max(0, R - m)]) (the
     second only where max(0, R - m) <= S - 1), less the pairs. With one partner it is the pair's
-    intercept step; with several, every partner still running pays the work q does in its batches."""
+    intercept step; with several, every partner still running pays the work q does in its batches.
+
+    The minimum is exact but found without trying every m (all at 0 a thousand partners with hundreds
+    of batches each): the sum over partners, F(m), does not grow with m, so over m in [g, g'] the value
+    is at least k0 g + F(g'); F is evaluated on a grid (`_counts_up_to`), then at every m of the
+    intervals whose lower end could still beat the best value found."""
     L, R, pair = partners[:, 0], partners[:, 1].astype(int), partners[:, 2]
     fewest = len(progress) - 1
-    ms = np.arange(int(R.max()) + 1)
-    need = np.maximum(R[None, :] - ms[:, None], 0)  # q's progress by r's end, were r in A
-    before = np.where(need <= fewest - 1, L[None, :] + progress[np.minimum(need, fewest)], np.inf)
-    added = intercept * ms + (np.minimum(own_work, before) - pair[None, :]).sum(axis=1)
-    return max(0.0, float(added.min()))
+
+    def total(ms: np.ndarray) -> np.ndarray:  # k0 m + F(m)
+        need = np.maximum(R[None, :] - ms[:, None], 0)  # q's progress by r's end, were r in A
+        before = np.where(need <= fewest - 1, L[None, :] + progress[np.minimum(need, fewest)], np.inf)
+        return intercept * ms + (np.minimum(own_work, before) - pair[None, :]).sum(axis=1)
+
+    grid = _counts_up_to(int(R.max()))
+    at = total(grid)
+    best = float(at.min())  # beyond the last grid point (max R) F is constant: no smaller value
+    lower = at[1:] - intercept * (grid[1:] - grid[:-1])  # k0 g_j + F(g_{j+1}) on [g_j, g_{j+1}]
+    for j in np.flatnonzero((lower < best) & (grid[1:] - grid[:-1] > 1)):
+        best = min(best, float(total(np.arange(grid[j] + 1, grid[j + 1])).min()))
+    return max(0.0, best)
+
+
+#: `_intercept_parts` tries every batch count up to this one, then a grid (steps <= a tenth)
+EXACT_UP_TO = 64
+
+
+def _counts_up_to(top: int) -> np.ndarray:
+    """0, 1, .., min(top, EXACT_UP_TO), then steps of at most a tenth of the count, ending at `top`."""
+    if top <= EXACT_UP_TO:
+        return np.arange(top + 1)
+    grid = [*range(EXACT_UP_TO + 1)]
+    while grid[-1] < top:
+        grid.append(min(top, grid[-1] + max(1, grid[-1] // 10)))
+    return np.array(grid)
 
 
 def _token_steps(instance: Instance, i: int, first_prefill: float) -> tuple[np.ndarray, np.ndarray]:

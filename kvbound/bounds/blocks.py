@@ -31,6 +31,8 @@ from ..alone import time_alone
 from ..deadline import Deadline
 from ..objective import Objective
 from ..schedule import Batch, Schedule, validate
+from .. import interrupt
+from ..interrupt import Stopped
 from ..units import UnitRunner
 from ..workload import Instance
 from .analytic import analytic_bounds, completion_order_bounds, pair_terms
@@ -312,6 +314,9 @@ def block_bound(instance: Instance, objective: Objective, deadline: Deadline, sc
             offer()
             if deadline.expired():
                 break
+    except Stopped:  # an interrupt: the blocks priced so far are the bound
+        if interrupt.requested() is None:
+            raise
     finally:
         results.close()  # the blocks not priced in time are dropped, their workers stopped
     return family.value, family
@@ -354,6 +359,9 @@ def _cheap_prices(subs: list[Instance], objective: Objective, offline: bool, run
             done[c] = priced
             if deadline.expired():
                 break
+    except Stopped:
+        if interrupt.requested() is None:
+            raise
     finally:
         results.close()
     # the chunks stride the blocks: block k is in chunk k % count, at position k // count
