@@ -27,12 +27,12 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from .. import interrupt
 from ..alone import time_alone
 from ..deadline import Deadline
+from ..interrupt import Stopped
 from ..objective import Objective
 from ..schedule import Batch, Schedule, validate
-from .. import interrupt
-from ..interrupt import Stopped
 from ..units import UnitRunner
 from ..workload import Instance
 from .analytic import analytic_bounds, completion_order_bounds, pair_terms
@@ -288,8 +288,7 @@ def block_bound(instance: Instance, objective: Objective, deadline: Deadline, sc
     blocks = candidate_blocks(instance, objective, sizes)
     subs = [at_zero(instance, members) for members in blocks]
     cheap = []
-    for at, (priced, completions) in _cheap_prices(subs, objective, instance.offline, runner,
-                                                                          deadline):
+    for at, (priced, completions) in _cheap_prices(subs, objective, instance.offline, runner, deadline):
         family.add(blocks[at], priced, weigh=False, completions=completions)
         cheap.append((family.blocks[-1][1] - family.own(blocks[at]), len(family.blocks) - 1, blocks[at], subs[at]))
     family.weigh()
