@@ -337,7 +337,8 @@ class ReplayState:
             decoding.discard(i)
         end = start + account.time(self.instance.cost)
         output, first, last_token = self.output, self.first_token, self.last_token
-        gaps, gap_requests = self.gaps, self.gap_requests
+        # bound methods as locals: four attribute look-ups fewer per token on the hot path
+        gap, gap_of = self.gaps.append, self.gap_requests.append
         done = []  # requests that generate their last token
         generated = 0  # counted locally: an attribute update per token is a cost on the hot path
         for i, c in tokens.items():
@@ -352,8 +353,8 @@ class ReplayState:
                 if ni == 1:
                     first[i] = end
                 else:
-                    gaps.append(end - last_token[i])
-                    gap_requests.append(i)
+                    gap(end - last_token[i])
+                    gap_of(i)
                 last_token[i] = end
                 if ni == output[i]:
                     done.append(i)
