@@ -9,6 +9,7 @@ it raises as `Stopped` within POLL_SECONDS even while a unit runs (the units hea
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -21,15 +22,19 @@ from .interrupt import Stopped
 BACKENDS = ("local", "ray")
 #: how often a wait for units looks for an interrupt
 POLL_SECONDS = 0.2
+NO_RAY = "ray: needs Ray: pip install 'kvbound[distributed]'"
 #: set in a worker while it runs units: units it starts run there, one after another (a sweep point's
 #: solve does not start a pool of its own on cores the sweep's other points use)
 _in_a_unit = False
 
 
 def check_backend(backend: str, workers: int | None) -> None:
-    """Bad input (before any work) for an unknown backend or fewer than one worker."""
+    """Bad input (before any work) for an unknown backend, Ray named but not installed, or fewer than
+    one worker."""
     if backend not in BACKENDS:
         raise InputError("", "backend", f"{backend}: must be local or ray")
+    if backend == "ray" and importlib.util.find_spec("ray") is None:
+        raise InputError("", "backend", NO_RAY)
     if workers is not None and workers < 1:
         raise InputError("", "workers", f"{workers}: must be >= 1")
 
@@ -101,7 +106,7 @@ def _ray(fn, units, workers: int | None, address: str | None):
     try:
         import ray
     except ImportError:
-        raise InputError("", "backend", "ray: needs Ray: pip install 'kvbound[distributed]'") from None
+        raise InputError("", "backend", NO_RAY) from None
     started = not ray.is_initialized()
     if started:
         if address:
