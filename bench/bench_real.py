@@ -118,6 +118,7 @@ def run_point(case: str, objective: str, time_limit: float) -> dict:
         model = f"stopped: {stats['stopped']}"
     else:
         model = f"{(res.model or {}).get('variables', '?')} variables, J = {res.horizon}"
+    solver_bound = res.solver_bound  # the backend's own bound (-inf: none); lost in 82cc7cf's rewrite
     binding = max((b for b in res.bounds if b.certified and math.isfinite(b.value)), key=lambda b: b.value, default=None)
     if binding is not None and binding.value >= top.value * (1 + 1e-9):  # an analytic one keeps its own name
         row["binding_bound"] = f"{binding.name} ({binding.note})" if binding.note else binding.name
