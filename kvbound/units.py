@@ -22,6 +22,7 @@ from .interrupt import Stopped
 BACKENDS = ("local", "ray")
 #: how often a wait for units looks for an interrupt
 POLL_SECONDS = 0.2
+#: the problem where Ray is named but not installed
 NO_RAY = "ray: needs Ray: pip install 'kvbound[distributed]'"
 #: set in a worker while it runs units: units it starts run there, one after another (a sweep point's
 #: solve does not start a pool of its own on cores the sweep's other points use)
@@ -78,15 +79,19 @@ def _pool(fn, units, workers: int):
             done, pending = wait(pending, timeout=POLL_SECONDS, return_when=FIRST_COMPLETED)
             for future in done:
                 yield index[future], future.result()
-    except BaseException:
-        # Ctrl-C, an error, or the caller stopped early: do not wait for the running units (a solver
-        # in native code can take minutes to notice a signal). SIGKILL: a worker hears SIGTERM as
-        # kvbound's request to stop and would print the traceback of its pool's loop
-        for proc in list((getattr(pool, "_processes", None) or {}).values()):
-            proc.kill()
-        pool.shutdown(wait=False, cancel_futures=True)
+    except BaseException:  # Ctrl-C, an error, or the caller stopped early
+        stop_pool(pool)
         raise
     pool.shutdown()
+
+
+def stop_pool(pool) -> None:
+    """Shut a process pool down without waiting for its running units (a solver in native code can take
+    minutes to notice a signal): its workers get SIGKILL, since a worker hears SIGTERM as kvbound's
+    request to stop and would print the traceback of its pool's loop."""
+    for proc in list((getattr(pool, "_processes", None) or {}).values()):
+        proc.kill()
+    pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _enter_worker() -> None:

@@ -46,6 +46,7 @@ from ..interrupt import Stopped
 from ..objective import Objective
 from ..schedule import Slo
 from ..solvers.options import DEFAULT_TIME_LIMIT, SolveOptions
+from ..units import stop_pool
 from ..workload import Instance
 from .capacity_bound import capacity_upper_bound
 from .capacity import LIMIT, base_rate, capacity, latency_capacity, scale_arrivals
@@ -383,9 +384,5 @@ class _Runner:
     def close(self) -> None:
         if self.pool is None:
             return
-        # units still running (an interrupt, an error) are not waited for: a solver in native code can take
-        # long to notice a signal (SIGKILL: SIGTERM there is kvbound's request to stop, with a traceback)
-        for proc in list((getattr(self.pool, "_processes", None) or {}).values()):
-            proc.kill()
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        stop_pool(self.pool)  # units still running (an interrupt, an error) are not waited for
         self.pool = None

@@ -298,7 +298,7 @@ def block_bound(instance: Instance, objective: Objective, deadline: Deadline, sc
         for k, (_, at, members, sub) in enumerate(cheap):
             if deadline.expired():
                 break
-            family.reprice(at, pricer(sub, members, _block_deadline(deadline, len(cheap) - k)))
+            family.reprice(at, pricer(sub, members, Deadline(_block_seconds(deadline, len(cheap) - k, 1))))
             offer()
         return family.value, family
     if not cheap or deadline.expired():
@@ -370,19 +370,9 @@ def _cheap_prices(subs: list[Instance], objective: Objective, offline: bool, run
 
 
 def _block_seconds(deadline: Deadline, blocks: int, workers: int) -> float:
-    """One block's seconds: an equal share of the time left over `blocks` blocks on `workers` workers, at
-    most BLOCK_SECONDS[1]."""
+    """One block's seconds: an equal share of the time left over `blocks` blocks still to price on
+    `workers` workers, at most BLOCK_SECONDS[1]."""
     return min(BLOCK_SECONDS[1], deadline.remaining() * workers / blocks)  # remaining() is inf without a limit
-
-
-def _block_deadline(deadline: Deadline, left: int) -> Deadline:
-    """One block's time: an equal share of the time left over the `left` blocks to price, at most
-    BLOCK_SECONDS[1] seconds."""
-    share = deadline.share(1.0 / left if left > 1 else 1.0)
-    if share.limit > BLOCK_SECONDS[1]:
-        capped = Deadline(BLOCK_SECONDS[1])
-        return capped if capped.at <= share.at else share
-    return share
 
 
 class _BlockMethod:
