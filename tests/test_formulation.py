@@ -445,6 +445,9 @@ def test_pairwise_work_waits_see_a_prefill_arriving_during_another():
     assert pairwise_work_waits(inst, Objective.MEAN_LATENCY) == pytest.approx(3.0)
     bounds = {b.name: b.value for b in analytic_bounds(inst, Objective.MEAN_LATENCY)}
     assert bounds["each request alone + pairwise work waits"] == pytest.approx(4.0)
+    # the queue of work on one machine sees it too (SRPT: 3, 4 and 6 s, flow 9 s, beside 3 intercepts)
+    machine = "each request's own intercepts + one machine of every request's work, shortest remaining first"
+    assert bounds.pop(machine) == pytest.approx(4.0)
     assert max(v for name, v in bounds.items() if "pairwise" not in name) < 3.9
     assert brute_force(inst, Objective.MEAN_LATENCY).value >= 4.0
     # the first prefills are the whole work here: the same for TTFT
@@ -566,6 +569,38 @@ def test_one_machine_bound_takes_each_request_s_own_time_too():
     assert machine == pytest.approx((17.5 - 3.0) / 3)
     assert machine > max(bounds.values()) + 0.4
     assert machine <= brute_force(inst, Objective.MEAN_LATENCY).value
+
+
+def test_own_intercepts_beside_one_machine_of_work():
+    # r0 (3 prompt tokens, 2 to generate) at 0, r1 (2, 2) and r3 (5, 1) at 0.5 s, r2 (2, 2) at 3 s;
+    # 1 s intercept, 0.25 s a token and a cached token read. Own batches 2 + 2 + 2 + 1 (7 s of
+    # intercepts); least work 1.75, 1.25, 1.25, 1.25 s, which one machine, shortest remaining first,
+    # finishes at 1.75, 3, 4.25 and 5.5 s: flow 10.5 s. (7 + 10.5) / 4 = 4.375 s, above every other
+    # analytic bound (a burst's work queued, each request's intercepts in full), below the optimum
+    from kvbound.bounds.analytic import own_intercepts_and_work_machine
+
+    reqs = (Request(3, 2), Request(2, 2, 0.5), Request(2, 2, 3.0), Request(5, 1, 0.5))
+    inst = Instance(reqs, SystemConfig(14, 8, 8, 1), CostModel(intercept=1.0, per_token=0.25, decode_kv=0.25))
+    assert own_intercepts_and_work_machine(inst, Objective.MEAN_LATENCY) == pytest.approx(17.5)
+    bounds = {b.name: b.value for b in analytic_bounds(inst, Objective.MEAN_LATENCY)}
+    new = bounds.pop("each request's own intercepts + one machine of every request's work, shortest remaining first")
+    assert new == pytest.approx(4.375)
+    assert new > max(bounds.values()) + 0.2
+    assert new <= brute_force(inst, Objective.MEAN_LATENCY).value == pytest.approx(5.6875)
+
+
+@settings(max_examples=120, deadline=None)
+@given(inst=instances(min_requests=2, max_requests=4, max_prompt=3, max_output=3, arrivals=True),
+       objective=st.sampled_from([Objective.MEAN_LATENCY, Objective.MEAN_TTFT]))
+def test_own_intercepts_beside_one_machine_of_work_never_exceed_the_brute_force_optimum(inst, objective):
+    """The machine's flow is at least each request's own work, so the bound is at least the mean of
+    each request alone, and never above the optimum (arrivals, evictions, tight M)."""
+    from kvbound.bounds.analytic import own_intercepts_and_work_machine
+
+    bound = own_intercepts_and_work_machine(inst, objective) / len(inst)
+    alone = float(time_alone(inst, objective).sum()) / len(inst)
+    assert bound >= alone * (1 - 1e-12) - 1e-12
+    assert bound <= brute_force(inst, objective).value * (1 + 1e-9) + 1e-12
 
 
 def test_shortest_remaining_time_first_on_one_machine():
