@@ -30,13 +30,30 @@ def prefill_work(tokens, cost):
     return cost.work(tokens, 0.0, decode=False)
 
 
-def token_work(r: Request, cost) -> np.ndarray:
-    """The least work of each of request r's tokens: its first prefill for the first; for token k >= 2,
-    after token k - 1 the request holds m = I + k - 2 tokens, and either a decode generates it or the
-    m tokens were evicted and all m + 1 are processed again, whichever works less."""
+def first_prefill_work(prompt, cost, chunk: int | None = None):
+    """The least work of a first prefill of `prompt` tokens (an int or an array) in chunks of at most
+    `chunk` tokens (min(P, C); None: no limit): `prefill_work`, and where more than one chunk is needed,
+    q = ceil(I / chunk), each further chunk's per-request term and its prefill_kv on the tokens cached
+    before it. The j-th chunk from the last starts with at least I - j chunk cached (the last j chunks
+    hold at most j chunk tokens), so the q - 1 later chunks read at least sum_{j < q} (I - j chunk)."""
+    work = prefill_work(prompt, cost)
+    if chunk is None:
+        return work
+    prompt = np.asarray(prompt, dtype=float)
+    q = np.ceil(prompt / chunk)
+    # sum_{j=1}^{q-1} (I - j chunk) = (q - 1) I - chunk q (q - 1) / 2
+    read = (q - 1) * prompt - chunk * q * (q - 1) / 2
+    return work + (q - 1) * cost.per_prefill_request + cost.prefill_kv * read
+
+
+def token_work(r: Request, cost, chunk: int | None = None) -> np.ndarray:
+    """The least work of each of request r's tokens: its first prefill for the first (in chunks of at
+    most `chunk` tokens, `first_prefill_work`); for token k >= 2, after token k - 1 the request holds
+    m = I + k - 2 tokens, and either a decode generates it or the m tokens were evicted and all m + 1
+    are processed again, whichever works less."""
     m = r.prompt + np.arange(2, r.output + 1) - 2.0
     later = np.minimum(cost.work(1.0, m, decode=True), prefill_work(m + 1, cost))
-    return np.r_[prefill_work(r.prompt, cost), later]
+    return np.r_[first_prefill_work(r.prompt, cost, chunk), later]
 
 
 def refilled_token_work(prompt, generated, cost):
@@ -49,14 +66,21 @@ def refilled_token_work(prompt, generated, cost):
     return np.minimum(prefill_work(S, cost), prefill_work(S - 1, cost) + cost.work(1.0, S - 1.0, decode=True))
 
 
-def least_work(r: Request, cost) -> float:
-    """The least work that request r adds to any complete schedule."""
-    return float(token_work(r, cost).sum())
+def least_work(r: Request, cost, chunk: int | None = None) -> float:
+    """The least work that request r adds to any complete schedule (prefill chunks of at most `chunk`)."""
+    return float(token_work(r, cost, chunk).sum())
+
+
+def largest_chunk(instance: Instance) -> int:
+    """The most tokens one batch prefills of a request: min(P, C)."""
+    s = instance.system
+    return min(s.max_prefill_tokens, s.max_batch_tokens)
 
 
 def minimum_work(instance: Instance) -> float:
     """A lower bound on the work (non-intercept time) of any complete schedule (docs/formulation.md)."""
-    return sum(least_work(r, instance.cost) for r in instance.requests)
+    chunk = largest_chunk(instance)
+    return sum(least_work(r, instance.cost, chunk) for r in instance.requests)
 
 
 def tokens_waited(instance: Instance, objective: Objective) -> np.ndarray:
@@ -72,9 +96,10 @@ def batches_alone(instance: Instance, objective: Objective) -> np.ndarray:
 
 def work_alone(instance: Instance, objective: Objective) -> np.ndarray:
     """Per request, its least work up to the objective's token (its first prefill's for mean TTFT)."""
+    chunk = largest_chunk(instance)
     if objective.first_token:
-        return prefill_work(instance.prompts, instance.cost)
-    return np.array([least_work(r, instance.cost) for r in instance.requests])
+        return first_prefill_work(instance.prompts, instance.cost, chunk)
+    return np.array([least_work(r, instance.cost, chunk) for r in instance.requests])
 
 
 def time_alone(instance: Instance, objective: Objective) -> np.ndarray:

@@ -20,8 +20,8 @@ import time
 
 import numpy as np
 
-from ..alone import (batches_alone, fewest_batches, least_work, minimum_work, prefill_work, refilled_token_work,
-                     time_alone, token_work, work_alone)
+from ..alone import (batches_alone, fewest_batches, first_prefill_work, largest_chunk, least_work, minimum_work,
+                     refilled_token_work, time_alone, token_work, work_alone)
 from ..objective import Objective
 from ..workload import Instance
 from .base import Bound, Stage, register
@@ -243,7 +243,7 @@ def pair_terms(instance: Instance, objective: Objective):
     arrivals = instance.arrivals[order]
     n = len(order)
     if objective.first_token:
-        work = prefill_work(instance.prompts[order], cost)
+        work = first_prefill_work(instance.prompts[order], cost, largest_chunk(instance))
         reach = np.searchsorted(arrivals, arrivals + work, side="left")  # pairs further apart add nothing
         steps = None
     else:
@@ -348,7 +348,7 @@ def _token_steps(instance: Instance, i: int, first_prefill: float) -> tuple[np.n
     Token n >= 2 needs a batch of its own after token n - 1 (a decode, or the last chunk of a
     refill whose earlier chunks run in between), at least the intercept plus that work."""
     cost = instance.cost
-    work = token_work(instance.requests[i], cost)
+    work = token_work(instance.requests[i], cost, largest_chunk(instance))
     times = first_prefill + np.r_[0.0, np.cumsum(cost.intercept + work[1:])]
     return times, work
 
@@ -391,7 +391,7 @@ def release_bound(instance: Instance) -> tuple[float, float]:
     ramp, room = ramp_capacities(instance), kv_room(s)
     by_area = batches_to_hold(suffix(np.bincount(owner, items, len(reqs))), ramp, room)
     batches = np.max(np.stack([by_output, by_tokens, by_prefill, by_area, by_dff]), axis=0)
-    values = arrivals + batches * cost.intercept + suffix([least_work(r, cost) for r in reqs])
+    values = arrivals + batches * cost.intercept + suffix([least_work(r, cost, largest_chunk(instance)) for r in reqs])
     first_of_time = np.r_[True, arrivals[1:] > arrivals[:-1]]  # requests arriving at t are all counted
     best = int(np.argmax(np.where(first_of_time, values, -np.inf)))
     return float(values[best]), float(arrivals[best])

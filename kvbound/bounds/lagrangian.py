@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..alone import batches_alone, prefill_work, tokens_waited, work_alone
+from ..alone import batches_alone, first_prefill_work, largest_chunk, prefill_work, tokens_waited, work_alone
 from ..deadline import Deadline
 from ..objective import Objective
 from ..schedule import Batch, Schedule, validate
@@ -104,7 +104,7 @@ class LagrangianBound:
         # (k = 0, and a decode into k = 1, are never reached: their states stay infinite)
         self.decode_work = np.where(k >= 2, cost.work(1.0, m, decode=True), 0.0)
         self.refill_work = np.where(k >= 2, prefill_work(m + 1, cost), 0.0)
-        self.refill_work[self.start + 1] = prefill_work(prompt, cost)
+        self.refill_work[self.start + 1] = first_prefill_work(prompt, cost, largest_chunk(instance))  # in chunks of <= min(P, C)
         self.refill_tokens = np.where(k >= 1, held, 0).astype(float)  # a refill (or first prefill) into R_k
         self.decode_root = np.sqrt(self.decode_work)
         # `_finish_after`'s parts that no multiplier changes: per state, the least work of the tokens
@@ -125,7 +125,9 @@ class LagrangianBound:
         # the work may also be bounded without trajectories: each pair of requests waits at least for
         # the smaller one's work (the k-th completion for the k smallest works), `pairwise`; the
         # bound weighs the two, `alpha` (the nu-weighted work in the DP) and 1 - alpha (pairwise)
-        self.own_work = work_alone(instance, objective)  # each request's least work (of its first prefill for first tokens)
+        # each request's least work (of its first prefill for first tokens); the trajectories charge every
+        # request at least this (their first prefill is `first_prefill_work` too), which the copies need
+        self.own_work = work_alone(instance, objective)
         self.pairwise = float(np.cumsum(np.sort(self.own_work)).sum())
         self.alpha = 1.0
         self.capacity, self.token_capacity, self.n = s.kv_capacity, s.max_batch_tokens, n

@@ -11,6 +11,7 @@ from ..bounds import analytic, configuration_lp, lagrangian, completion_master, 
 from ..bounds.base import Stage
 from .phases.bounds import Bounds
 from .phases.bursts import Bursts, BurstSeeds
+from .phases.exhaust import Exhaust
 from .phases.heuristics import ChooseRoute, Heuristics
 from .phases.model import Model
 from .phases.packing import Packing
@@ -19,6 +20,7 @@ from .phases.search import Search
 PLAN = (
     Bounds(Stage.FIRST),  # the analytic bounds, from the instance alone
     Heuristics(),  # the warm-start heuristics and the serial schedule
+    Exhaust(),  # tiny instances: the optimum by exhausting the states
     ChooseRoute(BACKENDS),  # a model, the search, or neither
     Bounds(Stage.MODEL),  # before a model, where every bound is asked for (the LP relaxation)
     BurstSeeds(),  # before a model, mean objectives: burst schedules as its incumbent, in 15% of the time

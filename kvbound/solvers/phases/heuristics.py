@@ -14,6 +14,7 @@ from ...schedulers.serial import serial_schedule
 from ..ledger import Candidate, Ledger
 from ..options import SolveOptions
 from ..route import route
+from .exhaust import SOURCE as EXHAUSTIVE
 
 #: the part of the time the heuristics may use (they stop at it; a model gets the rest)
 HEURISTIC_SHARE = 0.5
@@ -88,6 +89,8 @@ class ChooseRoute:
         if ledger.done() and ledger.proven:
             # a heuristic schedule meets a certified bound (valid under any constraints): it is optimal,
             # and a model could add nothing but time and memory
-            ledger.skipped = "the best heuristic schedule meets the analytic bound: optimal without a model"
+            ledger.skipped = ("the exhaustive search's schedule meets its bound: optimal without a model"
+                              if ledger.best.name == EXHAUSTIVE else
+                              "the best heuristic schedule meets the analytic bound: optimal without a model")
         elif chosen.way == "none":
             ledger.skipped = chosen.why_not
