@@ -229,7 +229,8 @@ def exhaust(instance: Instance, objective: Objective, deadline=None, max_expansi
             value = node.fixed if mean else node.t
             return Exhausted((value - shift) / scale, True, _schedule(instance, node), expanded)
         expanded += 1
-        if expanded > max_expansions or (expanded % 256 == 0 and deadline is not None and deadline.expired()):
+        # the clock at every node: one node's moves can number thousands (four requests' chunk sizes)
+        if expanded > max_expansions or (deadline is not None and deadline.expired()):
             return Exhausted((f - shift) / scale, False, None, expanded)
         state = node.state
         for i in range(k):
