@@ -57,6 +57,7 @@ def test_solve_proves_three_tight_by_the_search_unless_a_model_is_named():
     inst = load_case("cases/small/three_tight.toml")
     res = solve(inst, time_limit=60)
     assert res.status == "optimal" and res.source == "exhaustive search"
+    assert res.skipped == "the best schedule meets the exhaustive search's bound: optimal without a model"
     assert res.objective == pytest.approx(0.0413168705, rel=1e-9)
     named = solve(inst, formulation="chain", time_limit=2)
     assert named.source != "exhaustive search"

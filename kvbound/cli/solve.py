@@ -105,7 +105,7 @@ def _report_solve(args, instance, options, res) -> int:
     if res.constraints:
         print(f"  constraints  {'; '.join(res.constraints)}")
     if res.skipped:
-        print(f"  solver       not run: {res.skipped}; the bound is analytic")
+        print(f"  solver       not run: {res.skipped}")  # the reason names the bound that proved it
     print(f"  warm start   {res.warm_start or 'none'} (accepted by the solver: {res.warm_start_accepted})")
     race = res.stats.get("race")
     if race:

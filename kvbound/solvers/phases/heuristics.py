@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from ... import interrupt, progress
-from ...bounds.base import Bound
+from ...bounds.base import Bound, meets
 from ...deadline import Deadline
 from ...errors import SchedulerRefused, SchedulerStuck
 from ...interrupt import Stopped
@@ -14,7 +14,7 @@ from ...schedulers.serial import serial_schedule
 from ..ledger import Candidate, Ledger
 from ..options import SolveOptions
 from ..route import route
-from .exhaust import SOURCE as EXHAUSTIVE
+from .exhaust import NAME as EXHAUSTED
 
 #: the part of the time the heuristics may use (they stop at it; a model gets the rest)
 HEURISTIC_SHARE = 0.5
@@ -89,8 +89,9 @@ class ChooseRoute:
         if ledger.done() and ledger.proven:
             # a heuristic schedule meets a certified bound (valid under any constraints): it is optimal,
             # and a model could add nothing but time and memory
-            ledger.skipped = ("the exhaustive search's schedule meets its bound: optimal without a model"
-                              if ledger.best.name == EXHAUSTIVE else
+            searched = EXHAUSTED in ledger.rows and meets(ledger.best.value, ledger.rows[EXHAUSTED].value)
+            ledger.skipped = ("the best schedule meets the exhaustive search's bound: optimal without a model"
+                              if searched else
                               "the best heuristic schedule meets the analytic bound: optimal without a model")
         elif chosen.way == "none":
             ledger.skipped = chosen.why_not
