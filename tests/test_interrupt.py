@@ -449,3 +449,49 @@ def test_ctrl_c_stops_both_racers(tmp_path, after):
     data = json.loads(out)
     assert data["status"] == "interrupted" and data["objective"] is not None
     assert not _gone(kids) and os.listdir(tmp) == []
+
+
+NEAR_THE_STATE_CAP = """
+name = "near the exhaustive search's state cap"
+[system]
+kv_capacity = 15
+max_batch_tokens = 8
+max_prefill_tokens = 4
+block_size = 1
+[cost]
+intercept = 1.0
+per_token = 0.25
+decode_kv = 0.125
+prefill_attention = 0.0625
+prefill_kv = 0.5
+per_prefill_request = 0.75
+[[requests]]
+prompt = 12
+output = 3
+arrival = 3.0
+[[requests]]
+prompt = 3
+output = 4
+arrival = 3.0
+[[requests]]
+prompt = 5
+output = 1
+arrival = 1.5
+[[requests]]
+prompt = 4
+output = 1
+arrival = 3.0
+"""
+
+
+def test_ctrl_c_stops_the_exhaustive_search(tmp_path):
+    # four requests whose states the default solve exhausts for several seconds (29,457 within M): one
+    # Ctrl-C ends it within the promise, with the heuristics' best schedule
+    case = tmp_path / "near_cap.toml"
+    case.write_text(NEAR_THE_STATE_CAP)
+    proc, tmp = _start(["solve", case, "--time-limit", "60", "--json"], tmp_path)
+    seconds, out, err, kids = _signal_and_wait(proc, signal.SIGINT, 1.0)  # the search from ~0.7 s to ~4.9 s here
+    assert proc.returncode == 130, (out, err)
+    assert seconds <= EXIT_WITHIN, f"exited {seconds:.2f} s after the signal"
+    data = json.loads(out)
+    assert data["status"] == "interrupted" and data["objective"] is not None
