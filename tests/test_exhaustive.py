@@ -28,6 +28,34 @@ def test_exhaustive_search_finds_the_oracle_optimum(inst, objective):
     assert Objective(objective).of(validate(inst, found.schedule).metrics) == pytest.approx(opt, rel=REL, abs=1e-12)
 
 
+@settings(max_examples=60, deadline=None)
+@given(inst=tiny_instances(arrivals=None), objective=st.sampled_from(list(Objective)),
+       allow_evict=st.booleans(), max_batch_size=st.sampled_from([None, 1, 2]))
+def test_the_search_under_no_evict_and_a_batch_size_finds_the_oracle_optimum(inst, objective, allow_evict,
+                                                                              max_batch_size):
+    """The hypothesis constraints the oracle also knows: no evictions, at most so many requests a batch."""
+    found = exhaust(inst, objective, allow_evict=allow_evict, max_batch_size=max_batch_size)
+    opt = brute_force(inst, objective, allow_evict=allow_evict, max_batch_size=max_batch_size).value
+    assert found.exact and found.bound == pytest.approx(opt, rel=REL, abs=1e-12)
+    metrics = validate(inst, found.schedule).metrics
+    assert Objective(objective).of(metrics) == pytest.approx(opt, rel=REL, abs=1e-12)
+    assert allow_evict or metrics.evictions == 0
+    if max_batch_size is not None:
+        assert max(len(b.tokens) for b in found.schedule.batches) <= max_batch_size
+
+
+def test_solve_with_no_evict_is_exhausted_under_it():
+    # the tight three-request case forbids nothing it needs: its optimum has no eviction, so the
+    # no-evict solve is proven at the same value by the search
+    from kvbound.constraints import Constraints
+
+    inst = load_case("cases/small/three_tight.toml")
+    res = solve(inst, time_limit=60, constraints=Constraints(no_evict=True))
+    assert res.status == "optimal" and res.source == "exhaustive search"
+    assert res.objective == pytest.approx(0.0413168705, rel=1e-9)
+    assert res.metrics.evictions == 0
+
+
 @settings(max_examples=40, deadline=None)
 @given(inst=tiny_instances(arrivals=None), objective=st.sampled_from(list(Objective)),
        budget=st.integers(0, 12))

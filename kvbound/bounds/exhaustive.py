@@ -86,8 +86,11 @@ class _Node:
     batch: Batch | None  # the batch that led here
 
 
-def exhaust(instance: Instance, objective: Objective, deadline=None, max_expansions: int = MAX_EXPANSIONS) -> Exhausted:
-    """A* over the nodes of `instance` for `objective` (`searchable` should allow it)."""
+def exhaust(instance: Instance, objective: Objective, deadline=None, max_expansions: int = MAX_EXPANSIONS, *,
+            allow_evict: bool = True, max_batch_size: int | None = None) -> Exhausted:
+    """A* over the nodes of `instance` for `objective` (`searchable` should allow it), over the schedules
+    without evictions where `allow_evict` is False and with at most `max_batch_size` requests processed
+    per batch where one is given (the hypothesis constraints `no_evict` and `max_batch_size`)."""
     cost, s = instance.cost, instance.system
     C, P, M, b = s.max_batch_tokens, s.max_prefill_tokens, s.kv_capacity, s.block_size
     chunk = largest_chunk(instance)
@@ -100,6 +103,7 @@ def exhaust(instance: Instance, objective: Objective, deadline=None, max_expansi
     later_work = [[0.0, *itertools.accumulate(token_work(r, cost, chunk)[:0:-1])][::-1] for r in reqs]
     holders = {int(i) for i in exclusive_holders(instance)}
     mean, first, offline = objective.is_mean, objective.first_token, instance.offline
+    most = k if max_batch_size is None else max_batch_size  # requests processed per batch
 
     def waiting(state, i) -> bool:
         """Whether request i's event (its completion, or its first token) is still to come."""
@@ -153,7 +157,7 @@ def exhaust(instance: Instance, objective: Objective, deadline=None, max_expansi
                 continue
             S = prompt[i] + n
             opts = [(m, n, round_to_blocks(m, b), 0, 0, False)]  # idle: m, n after, KV held, c, prefill c, evicted
-            if m:
+            if m and allow_evict:
                 opts.append((0, n, 0, 0, 0, True))  # evicted first, so it does not process
             decode = n >= 1 and S - m == 1
             for c in range(1, min(S - m, C if decode else chunk) + 1):
@@ -166,7 +170,7 @@ def exhaust(instance: Instance, objective: Objective, deadline=None, max_expansi
             options.append(opts)
         parts: list = []
 
-        def extend(i, kv, tok, pre):
+        def extend(i, kv, tok, pre, busy):
             if i == k:
                 if tok:
                     nxt = tuple(x for o in parts for x in o[:2])
@@ -174,13 +178,13 @@ def exhaust(instance: Instance, objective: Objective, deadline=None, max_expansi
                     yield nxt, tokens, tuple(j for j, o in enumerate(parts) if o[5])
                 return
             for o in options[i]:
-                if kv + o[2] > M or tok + o[3] > C or pre + o[4] > P:
+                if kv + o[2] > M or tok + o[3] > C or pre + o[4] > P or (o[3] and busy >= most):
                     continue
                 parts.append(o)
-                yield from extend(i + 1, kv + o[2], tok + o[3], pre + o[4])
+                yield from extend(i + 1, kv + o[2], tok + o[3], pre + o[4], busy + (o[3] > 0))
                 parts.pop()
 
-        return extend(0, 0, 0, 0)
+        return extend(0, 0, 0, 0, 0)
 
     def rank(state, t: float, fixed: float) -> float:
         """With every request at 0: the one number that orders two nodes of a state (module docstring)."""

@@ -31,7 +31,9 @@ class Exhaust:
     def run(self, ledger) -> None:
         progress.report(phase=self.name)
         t0 = time.perf_counter()
-        found = exhaust(ledger.instance, ledger.objective, ledger.deadline.share(EXHAUST_SHARE))
+        constraints = ledger.constraints  # the others only remove schedules: the search's bound stays one
+        found = exhaust(ledger.instance, ledger.objective, ledger.deadline.share(EXHAUST_SHARE),
+                        allow_evict=not constraints.no_evict, max_batch_size=constraints.max_batch_size)
         if found.schedule is not None:
             ledger.offer(found.schedule, SOURCE)
         note = (f"optimal over every schedule ({found.expanded:,} states expanded)" if found.exact else
