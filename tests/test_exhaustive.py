@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvbound import load_case, validate
+from kvbound import CostModel, Instance, Request, SystemConfig, load_case, validate
 from kvbound.bounds.exhaustive import exhaust, searchable, state_count
 from kvbound.deadline import Deadline
 from kvbound.objective import Objective
@@ -109,3 +109,12 @@ def test_an_expired_deadline_stops_the_search_at_once_with_a_bound():
     found = exhaust(inst, Objective.TOTAL_LATENCY, Deadline(0.0))
     assert not found.exact and found.expanded == 1
     assert found.bound <= 0.0413168705 * (1 + 1e-9)
+
+
+def test_a_long_request_is_refused_without_counting_its_states():
+    # one request of 8 million prompt and output tokens has ~10^14 states alone: the count stops at once
+    # (counting them one by one would stall every solve of such a case before any work)
+    big = Instance((Request(8_000_000, 8_000_000), Request(1, 1)), SystemConfig(16_000_000, 4096, 4096, 1),
+                   CostModel(intercept=1.0))
+    assert state_count(big) == 30_001
+    assert searchable(big) == "more than 30,000 states within M"

@@ -391,7 +391,8 @@ def release_bound(instance: Instance) -> tuple[float, float]:
     ramp, room = ramp_capacities(instance), kv_room(s)
     by_area = batches_to_hold(suffix(np.bincount(owner, items, len(reqs))), ramp, room)
     batches = np.max(np.stack([by_output, by_tokens, by_prefill, by_area, by_dff]), axis=0)
-    values = arrivals + batches * cost.intercept + suffix([least_work(r, cost, largest_chunk(instance)) for r in reqs])
+    chunk = largest_chunk(instance)
+    values = arrivals + batches * cost.intercept + suffix([least_work(r, cost, chunk) for r in reqs])
     first_of_time = np.r_[True, arrivals[1:] > arrivals[:-1]]  # requests arriving at t are all counted
     best = int(np.argmax(np.where(first_of_time, values, -np.inf)))
     return float(values[best]), float(arrivals[best])

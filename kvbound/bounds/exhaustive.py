@@ -52,6 +52,11 @@ def state_count(instance: Instance, cap: int = MAX_STATES) -> int:
     """How many joint states (every request's m, n) hold at most M of KV, or a number above `cap`
     once the count passes it (counted by the KV held, request by request)."""
     s = instance.system
+    # one request's own states, sum over n of (I + n + 1) and its finished one, are joint states too
+    # (the others at nothing): past the cap, stop before counting any by KV (a loop that long request's
+    # size would take, on every solve of a real trace)
+    if any(r.output * (r.prompt + 1) + r.output * (r.output - 1) // 2 + 1 > cap for r in instance.requests):
+        return cap + 1
     by_kv = {0: 1}  # KV held -> states of the requests so far
     for r in instance.requests:
         own: dict[int, int] = {0: 1}  # finished
