@@ -61,8 +61,18 @@ def _check_against_dense(executor: Executor, seqs, pieces, atol: float, rtol: fl
             assert generated == seq.tokens[seq.prompt_len:]
 
 
+def _attention_kernels_per_mixed_batch(monkeypatch, splits: int | None) -> None:
+    """With `splits`, every batch's decode-type requests ask for that many split-K ranges, which keeps
+    a mixed batch's decode and prefill attention apart (two kernels); None: the executor's own count
+    (1 on CPU: mixed batches run one attention kernel for all rows)."""
+    if splits is not None:
+        monkeypatch.setattr("kvbound.engine_bridge.runner.decode_split_count", lambda *a, **k: splits)
+
+
 @pytest.mark.parametrize("block_size", [4, 16])
-def test_chunked_evicted_refilled_and_batched_logits_match_a_dense_forward(block_size):
+@pytest.mark.parametrize("splits", [None, 2])
+def test_chunked_evicted_refilled_and_batched_logits_match_a_dense_forward(block_size, splits, monkeypatch):
+    _attention_kernels_per_mixed_batch(monkeypatch, splits)
     executor = Executor.build(SHAPE, block_size=block_size, max_tokens=64, max_sequences=3, max_seq_len=32)
     seqs, pieces = _run_mixed_schedule(executor)
     assert [s.generated for s in seqs] == [3, 4, 3]
@@ -71,6 +81,24 @@ def test_chunked_evicted_refilled_and_batched_logits_match_a_dense_forward(block
     for seq in seqs:
         executor.blocks.free(seq)
     assert executor.blocks.num_free == executor.blocks.num_blocks
+
+
+@pytest.mark.parametrize("splits,decode_calls", [(None, 1), (2, 4)])
+def test_mixed_batches_run_one_attention_kernel_unless_decode_needs_split_k(splits, decode_calls, monkeypatch):
+    """The decode kernel serves only decode-only batches (1 of the five) unless a mixed batch's decode-type
+    requests need split-K ranges (then the three mixed batches with decodes use it too)."""
+    _attention_kernels_per_mixed_batch(monkeypatch, splits)
+    executor = Executor.build(SHAPE, block_size=4, max_tokens=64, max_sequences=3, max_seq_len=32)
+    calls = {"decode": 0}
+    real = executor.runner.ops.decode_attention
+
+    def counted(*args, **kwargs):
+        calls["decode"] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(executor.runner.ops, "decode_attention", counted)
+    _run_mixed_schedule(executor)
+    assert calls["decode"] == decode_calls * SHAPE.layers
 
 
 def test_the_check_is_not_vacuous():
@@ -83,7 +111,9 @@ def test_the_check_is_not_vacuous():
         _check_against_dense(executor, seqs, {0: [(start, shifted)], 1: pieces[1], 2: pieces[2]}, atol=1e-4)
 
 
-def test_triton_kernels_give_the_same_logits(monkeypatch):
+@pytest.mark.parametrize("splits", [None, 2])
+def test_triton_kernels_give_the_same_logits(splits, monkeypatch):
+    _attention_kernels_per_mixed_batch(monkeypatch, splits)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu":  # Triton's interpreter: read when triton and the kernels are first imported
         monkeypatch.setenv("TRITON_INTERPRET", "1")
@@ -243,3 +273,23 @@ def test_cuda_profile_grid_covers_the_batches_of_real_schedules(shared_data):
         batches = replay.batch_features[[j for j, b in enumerate(schedule.batches) if b.tokens]]
         assert (batches[:, 5] > 2).any()  # batches with more prefill-type requests than the old grid's 2
         assert profile_coverage(profile, batches) == {"covered": 1.0, "outside": {}}
+
+
+def test_the_timer_pauses_the_garbage_collector_and_restores_it():
+    """A collection falls on the same batch of every replay pass (it follows allocation counts), so the
+    timed block runs without one; the collector's state before the block is left as it was."""
+    import gc
+
+    from kvbound.engine_bridge.timing import Timer
+    timer = Timer(torch.device("cpu"))
+    assert gc.isenabled()
+    with timer:
+        assert not gc.isenabled()
+    assert gc.isenabled() and timer.seconds >= 0
+    gc.disable()
+    try:
+        with timer:
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

@@ -88,7 +88,9 @@ def test_decode_attention_matches_reference(heads, kv_heads, dim, block_size, la
 
 
 @pytest.mark.parametrize("config", [DecodeConfig(tile_n=16, heads_first=True), DecodeConfig(tile_n=128, num_warps=8),
-                                    DecodeConfig(tile_n=32, num_stages=1, heads_first=True)])
+                                    DecodeConfig(tile_n=32, num_stages=1, heads_first=True),
+                                    DecodeConfig(tile_n=16, dot=True), DecodeConfig(tile_n=64, dot=True, heads_first=True)],
+                         ids=repr)
 @pytest.mark.parametrize("num_splits", [1, 3])
 def test_decode_attention_launch_settings_change_nothing(config, num_splits):
     """Tuning (bench_kernels.py --tune) may pick any tile, warps, stages and program order: same values."""
@@ -100,6 +102,26 @@ def test_decode_attention_launch_settings_change_nothing(config, num_splits):
     out = torch.full_like(q, float("nan"))
     TRITON.decode_attention(q, k_cache, v_cache, split, out, config=config)
     torch.testing.assert_close(out.cpu().float(), expected, **TOL)
+
+
+@pytest.mark.parametrize("heads,kv_heads,dim", HEADS)
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_tensor_core_decode_matches_reference_for_every_head_grouping(heads, kv_heads, dim, num_splits):
+    """`dot`: one query head (MHA), two (GQA) or eight (MQA) padded to 16 rows of a tensor-core product;
+    the padding rows must leave the real ones as they are and never be stored."""
+    seq_lens = [1, 200, 70, 129]
+    q, k_cache, v_cache, batch = _paged(seq_lens, [1] * len(seq_lens), 16, heads, kv_heads, dim, seed=11, layout="HND")
+    expected = REF.decode_attention(q.cpu().float(), k_cache.cpu().float(), v_cache.cpu().float(), _cpu(batch))
+    split = PagedBatch(*(getattr(batch, f) for f in ("block_tables", "seq_lens", "query_lens", "query_starts",
+                                                     "max_query_len", "block_size")), num_splits=num_splits)
+    out = torch.full_like(q, float("nan"))
+    TRITON.decode_attention(q, k_cache, v_cache, split, out, config=DecodeConfig(tile_n=32, dot=True))
+    torch.testing.assert_close(out.cpu().float(), expected, **TOL)
+
+
+def test_tensor_core_decode_needs_a_tile_of_16():
+    with pytest.raises(ValueError, match="tile_n >= 16"):
+        DecodeConfig(tile_n=8, dot=True)
 
 
 @pytest.mark.parametrize("heads,kv_heads,dim", HEADS)

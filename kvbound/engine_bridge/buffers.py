@@ -15,7 +15,8 @@ from .model import ForwardContext
 from .prepare import HostBatch
 
 
-_FIELDS = ("token_ids", "positions", "slot_mapping", "block_tables", "seq_lens", "query_lens", "query_starts")
+_FIELDS = ("token_ids", "positions", "slot_mapping", "block_tables", "seq_lens", "query_lens", "query_starts",
+           "row_starts")
 
 
 class BatchBuffers:
@@ -30,7 +31,8 @@ class BatchBuffers:
 
         self.token_ids, self.positions, self.slot_mapping = zeros(max_tokens), zeros(max_tokens), zeros(max_tokens)
         self.block_tables = zeros(max_requests, table_width, dtype=torch.int32)
-        self.seq_lens, self.query_lens, self.query_starts = (zeros(max_requests, dtype=torch.int32) for _ in range(3))
+        self.seq_lens, self.query_lens, self.query_starts, self.row_starts = (zeros(max_requests, dtype=torch.int32)
+                                                                              for _ in range(4))
         # CUDA: page-locked host twins, so the uploads are asynchronous DMA copies. Reusing them
         # is safe: the executor's timer synchronises the device before the next batch is loaded.
         self._staging = ({name: torch.empty_like(getattr(self, name), device="cpu").pin_memory()
@@ -49,18 +51,26 @@ class BatchBuffers:
             getattr(self, name)[:len(host)].copy_(host, non_blocking=self._staging is not None)
 
     def inputs(self, ops: ModuleType, kv_caches, block_size: int, *, num_tokens: int, num_requests: int,
-               num_decode: int, max_prefill_query_len: int, decode_splits: int = 1
+               num_decode: int, max_prefill_query_len: int, decode_splits: int = 1, one_attention: bool = False
                ) -> tuple[torch.Tensor, torch.Tensor, ForwardContext]:
         """Token ids, positions and the forward context of a batch loaded with these sizes: views
-        of the buffers, so a graph captured on them reads whatever is loaded next."""
+        of the buffers, so a graph captured on them reads whatever is loaded next. `one_attention`:
+        the prefill kernel serves every row, the decode-type requests as one-token chunks (one
+        launch a layer instead of two or three)."""
 
-        def paged(rows: slice, max_query_len: int, splits: int) -> PagedBatch | None:
+        def paged(rows: slice, max_query_len: int, splits: int, starts: torch.Tensor) -> PagedBatch | None:
             if rows.start == rows.stop:
                 return None
             return PagedBatch(self.block_tables[rows], self.seq_lens[rows], self.query_lens[rows],
-                              self.query_starts[rows], max_query_len, block_size, splits)
+                              starts[rows], max_query_len, block_size, splits)
 
-        ctx = ForwardContext(ops, self.slot_mapping[:num_tokens], num_decode,
-                             paged(slice(0, num_decode), 1, decode_splits),
-                             paged(slice(num_decode, num_requests), max_prefill_query_len, 1), kv_caches)
+        if one_attention:
+            ctx = ForwardContext(ops, self.slot_mapping[:num_tokens], 0, None,
+                                 paged(slice(0, num_requests), max(1, max_prefill_query_len), 1, self.row_starts),
+                                 kv_caches)
+        else:
+            ctx = ForwardContext(ops, self.slot_mapping[:num_tokens], num_decode,
+                                 paged(slice(0, num_decode), 1, decode_splits, self.query_starts),
+                                 paged(slice(num_decode, num_requests), max_prefill_query_len, 1, self.query_starts),
+                                 kv_caches)
         return self.token_ids[:num_tokens], self.positions[:num_tokens], ctx

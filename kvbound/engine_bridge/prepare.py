@@ -30,6 +30,7 @@ class HostBatch:
     seq_lens: np.ndarray  # [R] int32: m + c
     query_lens: np.ndarray  # [R] int32: c
     query_starts: np.ndarray  # [R] int32: first token row of each request within its kernel's slice
+    row_starts: np.ndarray  # [R] int32: first token row of each request in the whole batch (one kernel for all)
     num_decode: int  # decode rows (the first ones), padded rows included
     real_requests: int  # rows before the padding
     real_tokens: int
@@ -80,5 +81,5 @@ def prepare_batch(work: list[tuple[Sequence, int]], num_decode: int, *, block_si
     # each attention kernel gets its own slice of the query rows, numbered from 0
     query_starts = np.concatenate([firsts[:num_decode], firsts[num_decode:] - firsts[num_decode:num_decode + 1].sum()
                                    ]).astype(np.int32)
-    return HostBatch(token_ids, positions, slots, tables, seq_lens, query_lens, query_starts, num_decode, real,
-                     real_tokens)
+    return HostBatch(token_ids, positions, slots, tables, seq_lens, query_lens, query_starts, firsts.astype(np.int32),
+                     num_decode, real, real_tokens)

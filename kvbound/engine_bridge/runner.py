@@ -27,6 +27,21 @@ from .sequence import Sequence
 PIECEWISE_MAX_TOKENS = 1024
 
 
+#: a mixed batch runs its decode-type requests in the prefill kernel (one attention launch a layer) while
+#: they hold at most this many cached tokens: there the batch is short enough to wait for the host's
+#: launches (a 47-token chunk beside 10 decodes of 3,799 tokens: 13.1 ms where its work is ~9 ms,
+#: bench/results/replay_cuda.md); beyond it the decode kernel reads their KV on CUDA cores, where the
+#: prefill kernel's 64-row tiles would compute 64 times the products a one-token query needs
+ONE_ATTENTION_MAX_DECODE_KV = 8192
+
+
+def one_attention(host: HostBatch, decode_splits: int) -> bool:
+    """Whether a batch's attention runs as one prefill-kernel launch a layer: a mixed batch whose
+    decode-type requests need no split-K and hold at most ONE_ATTENTION_MAX_DECODE_KV cached tokens."""
+    return (0 < host.num_decode < host.num_requests and decode_splits == 1
+            and int(host.seq_lens[:host.num_decode].sum()) <= ONE_ATTENTION_MAX_DECODE_KV)
+
+
 @dataclass(frozen=True)
 class PreparedBatch:
     """A batch loaded into the buffers: its host arrays and, when it runs in a graph, the graph's size
@@ -121,15 +136,17 @@ class ModelRunner:
         host = batch.host
         splits = decode_split_count(host.num_decode, self.shape.kv_heads, host.max_decode_seq_len,
                                     self.multiprocessors)
-        inputs = self._inputs(host.num_tokens, host.num_requests, host.num_decode, host.max_prefill_query_len, splits)
+        inputs = self._inputs(host.num_tokens, host.num_requests, host.num_decode, host.max_prefill_query_len, splits,
+                              one_attention=one_attention(host, splits))
         if batch.piece_size is not None:
             return self.pieces.run(batch.piece_size, inputs[2])[:host.real_tokens]
         return self.model(*inputs)
 
-    def _inputs(self, num_tokens, num_requests, num_decode, max_prefill_query_len, decode_splits):
+    def _inputs(self, num_tokens, num_requests, num_decode, max_prefill_query_len, decode_splits, one_attention=False):
         return self.buffers.inputs(self.ops, self.kv_caches, self.block_size, num_tokens=num_tokens,
                                    num_requests=num_requests, num_decode=num_decode,
-                                   max_prefill_query_len=max_prefill_query_len, decode_splits=decode_splits)
+                                   max_prefill_query_len=max_prefill_query_len, decode_splits=decode_splits,
+                                   one_attention=one_attention)
 
     def _run_decode(self, size: int) -> torch.Tensor:
         # any sequence length up to the table's capacity may replay in this graph

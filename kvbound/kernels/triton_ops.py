@@ -20,6 +20,7 @@ from .tuning import DecodeConfig, kernel_config
 
 BLOCK_M = 64  # query rows per prefill program
 BLOCK_N = 64  # key positions per prefill tile (decode: DecodeConfig.tile_n)
+DOT_MIN_ROWS = 16  # tl.dot's least operand size: the decode kernel's query heads are padded to it
 
 
 @triton.jit
@@ -41,13 +42,17 @@ def _write_kv_kernel(key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, key
 def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, m_ptr, l_ptr, tables_ptr, seq_lens_ptr,
                    q_stride, out_stride, table_stride, num_splits, scale, stride_block, stride_offset, stride_head,
                    BLOCK_SIZE: tl.constexpr, KV_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
-                   HEAD_DIM: tl.constexpr, TILE_N: tl.constexpr, SPLIT: tl.constexpr, HEADS_FIRST: tl.constexpr):
+                   HEAD_DIM: tl.constexpr, TILE_N: tl.constexpr, SPLIT: tl.constexpr, HEADS_FIRST: tl.constexpr,
+                   DOT: tl.constexpr):
     # one program per (request, KV head, key range): the GROUP query heads sharing that KV head read
     # it once. Without SPLIT the range is the whole sequence and the program writes the output;
     # with SPLIT (flash-decoding) it is one of num_splits tile-aligned ranges and the program writes
     # its unnormalised sum, running max and running sum for _combine_splits_kernel.
     # HEADS_FIRST: consecutive programs are the KV heads of one (request, range), which read
-    # neighbouring memory when a token's heads are contiguous in the pool
+    # neighbouring memory when a token's heads are contiguous in the pool.
+    # DOT: the scores and the weighted sum as tensor-core products of the query heads padded to
+    # GROUP_PAD >= 16 rows (the padding rows are zeros and never stored), K and V kept in their
+    # storage dtype; without it, float32 products on the CUDA cores, whose tiles take twice the registers
     if HEADS_FIRST:
         kv_head = tl.program_id(0)
         split = tl.program_id(1)
@@ -69,7 +74,8 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, m_ptr, l_ptr, table
     heads = kv_head * GROUP + g
     head_ok = g < GROUP
     q = tl.load(q_ptr + r * q_stride + heads[:, None] * HEAD_DIM + d[None, :], mask=head_ok[:, None], other=0.0)
-    q = q.to(tl.float32)
+    if not DOT:
+        q = q.to(tl.float32)
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
@@ -78,15 +84,21 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, m_ptr, l_ptr, table
         valid = pos < hi
         block = tl.load(tables_ptr + r * table_stride + pos // BLOCK_SIZE, mask=valid, other=0)
         rows = block.to(tl.int64) * stride_block + (pos % BLOCK_SIZE) * stride_offset + kv_head * stride_head
-        k = tl.load(k_cache_ptr + rows[:, None] + d[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
-        s = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale  # [GROUP_PAD, TILE_N]
+        k = tl.load(k_cache_ptr + rows[:, None] + d[None, :], mask=valid[:, None], other=0.0)
+        if DOT:
+            s = tl.dot(q, tl.trans(k)) * scale  # [GROUP_PAD, TILE_N], float32
+        else:
+            s = tl.sum(q[:, None, :] * k.to(tl.float32)[None, :, :], axis=2) * scale
         s = tl.where(valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))  # finite: the tile's first position is valid
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(s - m_new[:, None])
-        v = tl.load(v_cache_ptr + rows[:, None] + d[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
+        v = tl.load(v_cache_ptr + rows[:, None] + d[None, :], mask=valid[:, None], other=0.0)
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+        if DOT:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        else:
+            acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
         m_i = m_new
     if SPLIT:  # partials [R, heads, num_splits] (m, l) and [R, heads, num_splits, HEAD_DIM] (acc), float32
         part = (r * (KV_HEADS * GROUP) + heads) * num_splits + split
@@ -218,8 +230,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         q, k_cache, v_cache, target, partial_max, partial_sum, batch.block_tables, batch.seq_lens,
         q.stride(0), out.stride(0), batch.block_tables.stride(0), splits, dim ** -0.5,
         *_pool_strides(k_cache, v_cache),
-        BLOCK_SIZE=batch.block_size, KV_HEADS=kv_heads, GROUP=group, GROUP_PAD=triton.next_power_of_2(group),
-        HEAD_DIM=dim, TILE_N=config.tile_n, SPLIT=splits > 1, HEADS_FIRST=config.heads_first,
+        BLOCK_SIZE=batch.block_size, KV_HEADS=kv_heads, GROUP=group,
+        GROUP_PAD=max(triton.next_power_of_2(group), DOT_MIN_ROWS if config.dot else 1),
+        HEAD_DIM=dim, TILE_N=config.tile_n, SPLIT=splits > 1, HEADS_FIRST=config.heads_first, DOT=config.dot,
         num_warps=config.num_warps, num_stages=config.num_stages)
     if splits > 1:
         _combine_splits_kernel[(num_req, heads)](partial_acc, partial_max, partial_sum, out, out.stride(0), splits,

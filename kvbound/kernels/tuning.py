@@ -23,15 +23,19 @@ TUNED_DIR = Path(__file__).resolve().parent / "tuned"
 @dataclass(frozen=True)
 class DecodeConfig:
     """Launch settings of the decode-attention kernel: key positions per tile, warps and software
-    pipelining depth per program, and whether consecutive programs are the KV heads of one request
-    (`heads_first`) or the requests of one KV head."""
+    pipelining depth per program, whether consecutive programs are the KV heads of one request
+    (`heads_first`) or the requests of one KV head, and whether the scores and weighted sums are
+    tensor-core products (`dot`, the query heads padded to 16 rows) or float32 sums."""
 
     tile_n: int = 64
     num_warps: int = 4
     num_stages: int = 3
     heads_first: bool = False
+    dot: bool = False
 
     def __post_init__(self):
+        if self.dot and self.tile_n < 16:
+            raise ValueError(f"decode config: tensor-core products need tile_n >= 16, got {self.tile_n}")
         for name in ("tile_n", "num_warps"):
             value = getattr(self, name)
             if value < 1 or value & (value - 1):
