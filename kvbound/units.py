@@ -6,13 +6,20 @@ on the cluster at `address`, else on a local Ray of `workers` CPUs). `fn` and th
 results come back in the order they finish. Closing the generator early (the caller's deadline, an
 error) cancels what has not run and stops what is running; so does an interrupt (Ctrl-C, SIGTERM), which
 it raises as `Stopped` within POLL_SECONDS even while a unit runs (the units hear it too).
+
+Units that share a deadline pass `start`: each unit's argument is then made as the unit starts (units
+start only as workers free up), knowing the rounds of units still to start, so that a unit takes its
+share of the time left and time an early unit leaves goes to the later ones. `session()` keeps one Ray
+for several groups of units run one after another.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import islice
 
 from . import interrupt
 from .errors import InputError
@@ -45,21 +52,38 @@ def default_workers(workers: int | None) -> int:
 
 
 def run_units(fn: Callable, units: Sequence, *, backend: str = "local", workers: int | None = None,
-              address: str | None = None) -> Iterator[tuple[int, object]]:
-    """`(index, fn(unit))` for every unit, in the order they finish (the module's docstring)."""
+              address: str | None = None, start: Callable | None = None) -> Iterator[tuple[int, object]]:
+    """`(index, fn(unit))` for every unit, in the order they finish (the module's docstring).
+
+    `start(unit, rounds)`, where given, is called in this process as each unit starts, in order, and
+    `fn` gets what it returns instead of the unit; `rounds` = ceil(units not yet started, this one's
+    included / units at once): a unit's fair share of a shared deadline is the time left / rounds."""
     check_backend(backend, workers)
     if not units or _in_a_unit:
-        return _here(fn, units)  # a generator all the same: callers may close it
+        return _here(fn, units, start)  # a generator all the same: callers may close it
     if backend == "ray":
-        return _ray(fn, units, workers, address)
+        return _ray(fn, units, workers, address, start)
     workers = min(default_workers(workers), len(units))
-    return _here(fn, units) if workers == 1 else _pool(fn, units, workers)
+    return _here(fn, units, start) if workers == 1 else _pool(fn, units, workers, start)
 
 
-def _here(fn, units):
-    # no pool: cheaper, and a debugger or profiler sees the work
+def _arguments(units: Sequence, at_once: int, start: Callable | None):
+    """(index, what `fn` gets) of each unit in order, made as it is drawn (`run_units`'s `start`)."""
     for k, unit in enumerate(units):
-        yield k, fn(unit)
+        yield k, unit if start is None else start(unit, -(-(len(units) - k) // at_once))
+
+
+def _room(start: Callable | None, at_once: int, running: int) -> int | None:
+    """How many more units to start now: with `start`, as workers free up (the argument of each is made
+    when it starts); else all at once (None)."""
+    return None if start is None else max(0, at_once - running)
+
+
+def _here(fn, units, start=None):
+    # no pool: cheaper, and a debugger or profiler sees the work
+    for k, arg in _arguments(units, 1, start):
+        _interrupted()  # an interrupt starts no more units, as on a pool
+        yield k, fn(arg)
 
 
 def _interrupted() -> None:
@@ -67,18 +91,21 @@ def _interrupted() -> None:
         raise Stopped("interrupted")
 
 
-def _pool(fn, units, workers: int):
+def _pool(fn, units, workers: int, start):
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
     pool = ProcessPoolExecutor(max_workers=workers, initializer=_enter_worker)
     try:
-        index = {pool.submit(fn, unit): k for k, unit in enumerate(units)}
-        pending = set(index)
-        while pending:
+        todo, index = _arguments(units, workers, start), {}
+        while True:
             _interrupted()
-            done, pending = wait(pending, timeout=POLL_SECONDS, return_when=FIRST_COMPLETED)
+            for k, arg in islice(todo, _room(start, workers, len(index))):
+                index[pool.submit(fn, arg)] = k
+            if not index:
+                break
+            done, _ = wait(index, timeout=POLL_SECONDS, return_when=FIRST_COMPLETED)
             for future in done:
-                yield index[future], future.result()
+                yield index.pop(future), future.result()
     except BaseException:  # Ctrl-C, an error, or the caller stopped early
         stop_pool(pool)
         raise
@@ -107,7 +134,33 @@ def _in_worker(fn, unit):
     return fn(unit)
 
 
-def _ray(fn, units, workers: int | None, address: str | None):
+def _ray(fn, units, workers: int | None, address: str | None, start):
+    with _ray_session(workers, address) as ray:
+        # without `workers`, as many at once as the cluster (or the local Ray) has CPUs
+        at_once = workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
+        task = ray.remote(num_cpus=1)(_in_worker)
+        # units travel with their data (an Instance, not a case file), so worker nodes need kvbound only
+        todo, index = _arguments(units, at_once, start), {}
+        try:
+            while True:
+                _interrupted()
+                for k, arg in islice(todo, _room(start, at_once, len(index))):
+                    index[task.remote(fn, arg)] = k
+                if not index:
+                    break
+                ready, _ = ray.wait(list(index), num_returns=1, timeout=POLL_SECONDS)
+                if ready:
+                    yield index.pop(ready[0]), ray.get(ready[0])
+        except BaseException:
+            for ref in index:  # on a shared cluster, do not leave the rest running
+                ray.cancel(ref, force=True)
+            raise
+
+
+@contextlib.contextmanager
+def _ray_session(workers: int | None, address: str | None):
+    """Within: Ray, joined at `address` or started locally with `workers` CPUs, unless it runs already
+    (then it is left running)."""
     try:
         import ray
     except ImportError:
@@ -119,23 +172,22 @@ def _ray(fn, units, workers: int | None, address: str | None):
         else:
             ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
     try:
-        task = ray.remote(num_cpus=1)(_in_worker)
-        # units travel with their data (an Instance, not a case file), so worker nodes need kvbound only
-        index = {task.remote(fn, unit): k for k, unit in enumerate(units)}
-        pending = list(index)
-        try:
-            while pending:
-                _interrupted()
-                ready, pending = ray.wait(pending, num_returns=1, timeout=POLL_SECONDS)
-                if ready:
-                    yield index[ready[0]], ray.get(ready[0])
-        except BaseException:
-            for ref in pending:  # on a shared cluster, do not leave the rest running
-                ray.cancel(ref, force=True)
-            raise
+        yield ray
     finally:
         if started:
             ray.shutdown()
+
+
+@contextlib.contextmanager
+def session(backend: str = "local", workers: int | None = None, address: str | None = None):
+    """Within: every `run_units` on Ray uses one Ray, started here (a local one takes seconds to start:
+    a caller with several groups of units pays that once). Nothing to do locally or inside a unit."""
+    check_backend(backend, workers)
+    if backend != "ray" or _in_a_unit:
+        yield
+        return
+    with _ray_session(workers, address):
+        yield
 
 
 @dataclass(frozen=True)
@@ -154,5 +206,9 @@ class UnitRunner:
         """How many units run at once, of `units` (at least 1; 1 inside a unit of another run)."""
         return 1 if _in_a_unit else max(1, min(default_workers(self.workers), units))
 
-    def run(self, fn: Callable, units: Sequence) -> Iterator[tuple[int, object]]:
-        return run_units(fn, units, backend=self.backend, workers=self.workers, address=self.address)
+    def run(self, fn: Callable, units: Sequence, start: Callable | None = None) -> Iterator[tuple[int, object]]:
+        return run_units(fn, units, backend=self.backend, workers=self.workers, address=self.address, start=start)
+
+    def session(self):
+        """`session()` for this runner's backend: one Ray for every `run` within."""
+        return session(self.backend, self.workers, self.address)

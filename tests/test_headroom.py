@@ -39,6 +39,11 @@ def _check_order(data: dict) -> None:
             assert p["best"] <= r[obj] * (1 + EPS), (p["rate_factor"], r)
 
 
+def _timeless(data: dict) -> dict:
+    """A result's JSON without its seconds (the only numbers that depend on where it ran)."""
+    return dict(data, seconds=None, points=[dict(p, seconds=None) for p in data["points"]])
+
+
 @pytest.fixture(scope="module")
 def tiny_case(tmp_path_factory):
     path = tmp_path_factory.mktemp("headroom") / "tiny.toml"
@@ -115,25 +120,76 @@ def test_library_api_returns_what_the_cli_prints(cli, tiny_case):
     assert result.seconds <= 8 + 2  # the whole call keeps its time limit within max(2 s, 10%)
     library = json.loads(json.dumps(result.to_json()))  # the same encoding (tuples, floats)
 
-    def timeless(d: dict) -> dict:
-        d = dict(d, seconds=None)
-        d["points"] = [dict(p, seconds=None) for p in d["points"]]
-        return d
-
-    assert timeless(library) == timeless(printed)
+    assert _timeless(library) == _timeless(printed)
     _check_order(printed)
     assert result.points[1].best > result.points[0].best  # twice the rate: the requests wait
 
 
-def test_a_process_pool_gives_the_same_points(tiny_case):
-    from kvbound.io.cases import load_case
+def test_one_process_a_pool_and_ray_give_the_same_points(tiny_case):
+    """The capacity searches and the rate points are independent units (kvbound.units): in this process,
+    on a pool of 2 and on a local Ray of 2 workers the JSON is the same, points in the same order (the
+    tiny case's points are proven, so no number depends on a unit's share of the time)."""
+    import importlib.util
 
     inst = load_case(tiny_case)
-    one = headroom(inst, "0.5,2", ["sarathi", "srpt"], time_limit=8, workers=1).to_json()
-    two = headroom(inst, "0.5,2", ["sarathi", "srpt"], time_limit=8, workers=2).to_json()
-    for a, b in zip(one["points"], two["points"]):
-        assert {k: v for k, v in a.items() if k != "seconds"} == {k: v for k, v in b.items() if k != "seconds"}
-    assert one["capacity"] == two["capacity"]
+    where = [dict(workers=1), dict(workers=2)]
+    if importlib.util.find_spec("ray") is not None:
+        where.append(dict(backend="ray", workers=2))
+    runs = [headroom(inst, "2,0.5,1", ["sarathi", "srpt"], time_limit=30, **kw) for kw in where]
+    one = _timeless(runs[0].to_json())
+    assert one["status"] == "complete" and [p["rate_factor"] for p in one["points"]] == [0.5, 1.0, 2.0]
+    for kw, other in zip(where[1:], runs[1:]):
+        assert _timeless(other.to_json()) == one, kw
+        assert other.seconds <= 30 + 3  # a local Ray's start is within the time limit too
+
+
+class _Spy:
+    """Records which of kvbound.units' ways runs headroom's units (`_here`: this process; `_pool`: a
+    process pool, with its worker count), then runs them that way."""
+
+    def __init__(self, monkeypatch):
+        from kvbound import units
+        from kvbound.analysis import headroom as headroom_module
+
+        self.calls = []
+        for name in ("_here", "_pool"):
+            real = getattr(units, name)
+            monkeypatch.setattr(units, name, self._wrap(name, real, headroom_module._call))
+
+    def _wrap(self, name, real, unit_fn):
+        def spy(fn, units, *rest):
+            if fn is unit_fn:  # not the units of a point's own solve
+                self.calls.append((name, len(units), rest[0] if name == "_pool" else 1))
+            return real(fn, units, *rest)
+        return spy
+
+
+def test_the_units_run_on_every_core_by_default_and_in_this_process_with_workers_1(cli, tiny_case, monkeypatch):
+    import os
+
+    spy = _Spy(monkeypatch)
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    argv = ("headroom", tiny_case, "--rates", "0.5,1,2", "--schedulers", "sarathi,srpt", "--time-limit", "20", "--json")
+    rc, out, err = cli(*argv)
+    assert rc == 0, err
+    # the capacity searches (2 units), then the points (3): as many workers at once as units, up to the cores
+    assert spy.calls == [("_pool", 2, 2), ("_pool", 3, 3)]
+    spy.calls.clear()
+    rc, one, err = cli(*argv, "--workers", "1")
+    assert rc == 0, err
+    assert spy.calls == [("_here", 2, 1), ("_here", 3, 1)]
+    assert _timeless(json.loads(one)) == _timeless(json.loads(out))
+
+
+def test_ray_not_installed_or_no_workers_is_bad_input_before_any_work(cli, tiny_case, monkeypatch):
+    import importlib.util
+
+    rc, out, err = cli("headroom", tiny_case, "--rates", "1", "--workers", "0", "--json")
+    assert rc == 2 and out == "" and "--workers" in err
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
+    rc, out, err = cli("headroom", tiny_case, "--rates", "1", "--backend", "ray", "--json")
+    assert rc == 2 and out == "" and "pip install 'kvbound[distributed]'" in err, err
 
 
 @pytest.mark.parametrize("argv, needle", [

@@ -286,6 +286,24 @@ def test_interrupted_capacity_reports_the_best_factor_so_far(tmp_path):
     assert data["status"] == "interrupted" and data["rate_factor"] >= 0 and "interrupted" in err and os.listdir(tmp) == []
 
 
+@pytest.mark.parametrize("workers, points", [([], [] if (os.cpu_count() or 1) > 1 else [0.5]),
+                                             (["--workers", "1"], [0.5])])
+def test_interrupted_headroom_prints_what_is_finished(tmp_path, workers, points):
+    # its rate points run on every core by default (kvbound.units), in this process with --workers 1:
+    # 3 s in, the capacity searches are done and the points run; Ctrl-C stops them within 2 s, leaves
+    # no worker, starts no further point and prints the finished units (in this process the point that
+    # ran hears the interrupt and ends with its best so far)
+    case = REPO / "cases" / "ground_truth" / "gt_conv_r0_n8_s40_tight_arr.toml"
+    proc, _ = _start(["headroom", case, "--rates", "0.5,1,2,4", "--time-limit", "60", "--json", *workers], tmp_path)
+    seconds, out, err, kids = _signal_and_wait(proc, signal.SIGINT, 3.0)
+    assert proc.returncode == 130 and seconds <= EXIT_WITHIN, (out, err)
+    data = json.loads(out)
+    assert data["status"] == "interrupted" and [p["rate_factor"] for p in data["points"]] == points
+    assert all(p["status"] == "interrupted" for p in data["points"])
+    assert all(c is not None for c in data["capacity"]["schedulers"].values())
+    assert not _gone(kids)
+
+
 SPLITWISE = REPO / "cases" / "splitwise_conv_1000.toml"
 
 

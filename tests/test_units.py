@@ -1,6 +1,7 @@
 """Units of work on every core or on Ray (kvbound/units.py): every unit once, by its index, from this
 process and from a pool; bad input before any work; a unit's own runs stay in its worker; an early
-close stops what runs."""
+close stops what runs; a unit's argument made as it starts (`start`: a shared deadline's shares); an
+interrupt starts no more units."""
 from __future__ import annotations
 
 import importlib.util
@@ -8,7 +9,9 @@ import time
 
 import pytest
 
+from kvbound import interrupt
 from kvbound.errors import InputError
+from kvbound.interrupt import Stopped
 from kvbound.units import UnitRunner, check_backend, run_units
 
 
@@ -66,3 +69,36 @@ def test_ray_named_but_not_installed_is_bad_input_before_any_work(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
     with pytest.raises(InputError, match="pip install 'kvbound\\[distributed\\]'"):
         UnitRunner("ray", 2)
+
+
+@pytest.mark.parametrize("workers, rounds", [(1, [4, 3, 2, 1]), (2, [2, 2, 1, 1])])
+def test_start_makes_each_units_argument_as_it_starts(workers, rounds):
+    """`start(unit, rounds)` is called as each unit starts, in order, with ceil(units not started /
+    units at once): units start only as workers free up, so a unit's share of a deadline is reckoned
+    from the time left then (headroom's rate points)."""
+    began, starts = time.perf_counter(), []
+
+    def start(unit: float, left: int) -> float:
+        starts.append((time.perf_counter() - began, left))
+        return unit
+
+    got = dict(run_units(_sleep, [0.3] * 4, workers=workers, start=start))
+    assert got == {k: 0.3 for k in range(4)}
+    assert [left for _, left in starts] == rounds
+    # the third unit started when one of the first `workers` had ended, not with them
+    assert starts[2][0] - starts[0][0] >= 0.25
+
+
+def _ask_to_stop(x: int) -> int:
+    interrupt.request()  # as Ctrl-C does while a unit runs
+    return x
+
+
+def test_an_interrupt_in_this_process_starts_no_more_units():
+    results = run_units(_ask_to_stop, [0, 1, 2], workers=1)
+    try:
+        assert next(results) == (0, 0)  # the unit that ran is kept
+        with pytest.raises(Stopped):
+            next(results)
+    finally:
+        interrupt.reset()

@@ -26,17 +26,21 @@ certified. It is computed first, within the capacity searches' share of the time
 
 The time limit is shared by the whole call: `CAPACITY_SHARE` of it at most for the capacity searches
 (they stop when converged), then the rest split over the rate points (each point gets the time left
-over the points not started, so a point that ends early leaves its time to the others). `workers` > 1
-runs that many units (capacity searches, then points) at once in a process pool, each point then
-getting `workers` times the time.
+over the rounds of points not started, so a point that ends early leaves its time to the others). The
+capacity searches, then the points, are independent units (kvbound.units): by default a process pool
+runs as many at once as there are cores (each point then getting that many times the time), `workers`
+1 runs them in this process, `backend` "ray" as Ray tasks (on the cluster at `address`, else a local
+Ray). The result is the same from each, points in the same order, but for what more time finds: a
+point that runs beside others gets their shares of the time too.
 """
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import Callable
+from contextlib import closing
 from dataclasses import dataclass, field
+from functools import partial
 
 from .. import interrupt
 from ..alone import time_alone
@@ -46,7 +50,7 @@ from ..interrupt import Stopped
 from ..objective import Objective
 from ..schedule import Slo
 from ..solvers.options import DEFAULT_TIME_LIMIT, SolveOptions
-from ..units import stop_pool
+from ..units import UnitRunner
 from ..workload import Instance
 from .capacity_bound import capacity_upper_bound
 from .capacity import LIMIT, base_rate, capacity, latency_capacity, scale_arrivals
@@ -264,13 +268,17 @@ def run_capacity_bound(instance: Instance, objective: str, within: float | None,
 def headroom(instance: Instance, rates, schedulers=DEFAULT_SCHEDULERS, *, objective: str = "mean_latency",
              slo: Slo | None = None, attainment: float = 0.7, within: float = DEFAULT_WITHIN,
              time_limit: float | None = DEFAULT_TIME_LIMIT, options: SolveOptions | None = None,
-             workers: int = 1, progress: Callable[[str], None] | None = None) -> HeadroomResult:
+             workers: int | None = None, backend: str = "local", address: str | None = None,
+             progress: Callable[[str], None] | None = None) -> HeadroomResult:
     """The headroom of `instance` at each rate factor in `rates` (see the module docstring).
 
     `schedulers`: a list or comma string of scheduler specs (default DEFAULT_SCHEDULERS); `options`:
     how to solve (its objective and time limit are replaced by `objective` and the share of
-    `time_limit`, the limit of the whole call; None: none). `progress(label)` is called as each unit
-    (a capacity search, a rate point) ends.
+    `time_limit`, the limit of the whole call; None: none). Where the units run, as `kvbound sweep`'s
+    points do: `backend` "local", a process pool of `workers` (default: the CPU count; 1: in this
+    process), or "ray", Ray tasks on the cluster at `address` or on a local Ray of `workers` CPUs; the
+    points' own solves run their units there too (`options.units`). `progress(label)` is called as
+    each unit (a capacity search, a rate point) ends.
     """
     t0 = time.perf_counter()
     deadline = Deadline(time_limit)
@@ -283,10 +291,9 @@ def headroom(instance: Instance, rates, schedulers=DEFAULT_SCHEDULERS, *, object
         raise InputError("", "attainment", f"must be in (0, 1], got {attainment}")
     if not (math.isfinite(within) and within >= 1):
         raise InputError("", "within", f"must be a finite number >= 1 (a multiple of the unloaded value), got {within}")
-    if workers < 1:
-        raise InputError("", "workers", f"{workers}: must be >= 1")
+    runner = UnitRunner(backend, workers, address)  # bad input (Ray not installed, no workers) before any work
     rate = base_rate(instance)  # a case without arrival times is bad input here
-    options = (options or SolveOptions()).but(objective=objective)
+    options = (options or SolveOptions()).but(objective=objective, units=runner)
     if slo is not None:
         definition = f"the largest rate factor with SLO attainment >= {attainment:g} at {slo}"
     else:
@@ -295,35 +302,33 @@ def headroom(instance: Instance, rates, schedulers=DEFAULT_SCHEDULERS, *, object
                       f"(the mean of each request alone, the unloaded value)")
     # the end of the command (the output, a plot) is kept out of the points' time
     work = deadline.shifted(-min(RESERVE_SECONDS, deadline.limit / 3)) if math.isfinite(deadline.limit) else deadline
-    cap_units = [("capacity", s) for s in names]
-    point_units = [("point", f) for f in factors]
     caps: dict[str, float | None] = {}
     notes: dict[str, str] = {}
     points: dict[float, HeadroomPoint] = {}
     status = COMPLETE
     upper, upper_note = None, None
-    runner = _Runner(workers)
     try:
-        cap_deadline = work.share(CAPACITY_SHARE)
-        upper, upper_note = run_capacity_bound(instance, objective, None if slo is not None else within,
-                                               cap_deadline.remaining())
-        for (kind, key), out in runner.run(cap_units, cap_deadline, lambda unit, seconds: (
-                run_capacity, (instance, unit[1], objective, slo, attainment, within, seconds))):
-            caps[key], note = out
-            if note:
-                notes[key] = note
-            if progress:
-                progress(f"capacity {key}")
-        for (kind, key), out in runner.run(point_units, work, lambda unit, seconds: (
-                run_point, (instance, unit[1], names, options, slo, seconds))):
-            points[key] = out
-            if progress:
-                progress(f"rate factor {key:g}")
+        with runner.session():  # one Ray (where named) for both groups of units
+            cap_deadline = work.share(CAPACITY_SHARE)
+            upper, upper_note = run_capacity_bound(instance, objective, None if slo is not None else within,
+                                                   cap_deadline.remaining())
+            searches = _shared(runner, cap_deadline, run_capacity, instance, names, objective, slo, attainment, within)
+            with closing(searches):
+                for k, (factor, note) in searches:
+                    caps[names[k]] = factor
+                    if note:
+                        notes[names[k]] = note
+                    if progress:
+                        progress(f"capacity {names[k]}")
+            rate_points = _shared(runner, work, run_point, instance, factors, names, options, slo)
+            with closing(rate_points):
+                for k, point in rate_points:
+                    points[factors[k]] = point
+                    if progress:
+                        progress(f"rate factor {factors[k]:g}")
     except Stopped:
         if interrupt.requested() is None:
             raise
-    finally:
-        runner.close()
     if upper_note is None:  # interrupted before the bound
         upper, upper_note = None, "not computed: interrupted"
     if interrupt.requested() is not None:
@@ -340,49 +345,17 @@ def headroom(instance: Instance, rates, schedulers=DEFAULT_SCHEDULERS, *, object
                           status)
 
 
-class _Runner:
-    """Runs units one after another here (`workers` 1) or `workers` at a time in a process pool; each
-    unit, when it starts, gets the time left before its group's deadline over the rounds of units not
-    yet started (ceil(left / workers)), so time a unit leaves unused goes to the later ones."""
+def _shared(runner: UnitRunner, deadline: Deadline, fn: Callable, instance: Instance, keys: list, *rest):
+    """`(index, fn(instance, keys[index], *rest, seconds))` as each unit ends, on `runner`: a unit's
+    seconds are reckoned as it starts, the time left before `deadline` over the rounds of units not
+    yet started (None without a limit), so time a unit leaves unused goes to the later ones."""
+    def start(key, rounds: int) -> Callable:
+        seconds = deadline.remaining() / rounds if math.isfinite(deadline.limit) else None
+        return partial(fn, instance, key, *rest, seconds)
 
-    def __init__(self, workers: int):
-        self.workers = workers
-        self.pool = None
+    return runner.run(_call, keys, start)
 
-    def _seconds(self, deadline: Deadline, unstarted: int) -> float | None:
-        if not math.isfinite(deadline.limit):
-            return None
-        return deadline.remaining() / max(1, -(-unstarted // self.workers))
 
-    def run(self, units: list, deadline: Deadline, job: Callable):
-        """Yield (unit, result) as units finish; stops starting units on an interrupt."""
-        if self.workers == 1 or len(units) <= 1:
-            for k, unit in enumerate(units):
-                if interrupt.requested() is not None:
-                    return
-                fn, args = job(unit, self._seconds(deadline, len(units) - k))
-                yield unit, fn(*args)
-            return
-        from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-
-        if self.pool is None:
-            self.pool = ProcessPoolExecutor(max_workers=self.workers, initializer=interrupt.die_with_parent, initargs=(os.getpid(),))
-        todo, running = list(units), {}
-        while todo or running:
-            while todo and len(running) < self.workers and interrupt.requested() is None:
-                unit = todo.pop(0)
-                fn, args = job(unit, self._seconds(deadline, len(todo) + 1))
-                running[self.pool.submit(fn, *args)] = unit
-            if not running:
-                return
-            done, _ = wait(list(running), timeout=0.25, return_when=FIRST_COMPLETED)
-            if interrupt.requested() is not None:
-                return
-            for future in done:
-                yield running.pop(future), future.result()
-
-    def close(self) -> None:
-        if self.pool is None:
-            return
-        stop_pool(self.pool)  # units still running (an interrupt, an error) are not waited for
-        self.pool = None
+def _call(call: Callable):
+    """A unit in a worker: its call, arguments bound."""
+    return call()

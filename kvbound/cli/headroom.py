@@ -7,7 +7,7 @@ import sys
 
 from .. import interrupt
 from ..io.cases import load_case
-from .args import add_backend, add_slo, add_time_limit, number, positive
+from .args import add_backend, add_slo, add_time_limit, add_units, number
 
 
 def register(sub) -> None:
@@ -20,8 +20,9 @@ def register(sub) -> None:
                     "--slo), the best schedule kvbound finds for the objective (a solve warm-started from the "
                     "schedulers; every schedule replayed by the validator) and the certified lower bound of the "
                     "objective; then each scheduler's capacity. --time-limit is shared by the whole command: "
-                    "up to 20%% for the capacity searches, the rest split over the rate points. "
-                    "docs/analysis.md says what each number is.")
+                    "up to 20%% for the capacity searches, the rest split over the rate points. The capacity "
+                    "searches, then the rate points, run on every core (--workers 1: in this process) or on Ray "
+                    "(--backend ray), a point getting as many shares of the time as points run at once. docs/analysis.md says what each number is.")
     p.add_argument("case")
     p.add_argument("--rates", required=True, metavar="F,F,...",
                    help="rate factors, comma separated, e.g. 0.25,0.5,1,2,4 (each in [2^-20, 2^20])")
@@ -38,9 +39,7 @@ def register(sub) -> None:
                         f"within this multiple of the unloaded value, each request alone (default {DEFAULT_WITHIN:g})")
     add_time_limit(p, "seconds for the whole command, shared by the capacity searches and the rate points")
     add_backend(p)
-    p.add_argument("--workers", type=positive(int, 256), default=1,
-                   help="rate points (and capacity searches) run at once in a process pool (default 1); each point "
-                        "then gets that many times the time")
+    add_units(p, "where the capacity searches and the rate points run")
     p.add_argument("--plot", metavar="OUT.png", help="also draw the curves (.png, .svg or .pdf)")
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="print one JSON object")
@@ -69,7 +68,8 @@ def cmd_headroom(args) -> int:
 
         result = headroom(instance, rates, args.schedulers, objective=args.objective, slo=args.slo,
                           attainment=args.attainment, within=args.within, time_limit=args.time_limit,
-                          options=solve_options(args), workers=args.workers, progress=progress)
+                          options=solve_options(args), workers=args.workers, backend=args.backend,
+                          address=args.address, progress=progress)
     with interrupt.deferred():  # what is finished is printed, whatever comes now (main: exit 130)
         if args.json:
             print(json.dumps(result.to_json()), flush=True)
