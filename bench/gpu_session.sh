@@ -18,8 +18,8 @@
 # "decode or tensor_core") selects the kernel tests of the first check. Everything lands in $OUT (default bench/results/runs/gpu/):
 # log.txt, kernels.md, tuned.json, profile.csv, cost.toml, replays.jsonl (one `kvbound replay --json`
 # object per schedule, with its case and name), step.md and tests.txt (the checks, then the tests). A failing step is logged
-# and the next one runs. SKIP="kernels step tests" leaves those steps out; FLAGS="--no-graphs" goes to
-# profile and replay; REPEAT (default 2) passes per profile and replay.
+# and the next one runs. SKIP="kernels step tests" leaves those steps out; FLAGS (e.g. "--no-graphs" or
+# "--prefill-split", not measured yet) goes to profile and replay; REPEAT (default 2) passes per profile and replay.
 set -u
 args=()
 budget=560

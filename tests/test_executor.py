@@ -83,12 +83,15 @@ def test_chunked_evicted_refilled_and_batched_logits_match_a_dense_forward(block
     assert executor.blocks.num_free == executor.blocks.num_blocks
 
 
-@pytest.mark.parametrize("splits,decode_calls", [(None, 1), (2, 4)])
-def test_mixed_batches_run_one_attention_kernel_unless_decode_needs_split_k(splits, decode_calls, monkeypatch):
+@pytest.mark.parametrize("splits,prefill_split,decode_calls", [(None, False, 1), (2, False, 4), (2, True, 1)])
+def test_mixed_batches_run_one_attention_kernel_unless_decode_needs_split_k(splits, prefill_split, decode_calls,
+                                                                            monkeypatch):
     """The decode kernel serves only decode-only batches (1 of the five) unless a mixed batch's decode-type
-    requests need split-K ranges (then the three mixed batches with decodes use it too)."""
+    requests need split-K ranges (then the three mixed batches with decodes use it too), which the prefill
+    kernel gives them with `prefill_split`."""
     _attention_kernels_per_mixed_batch(monkeypatch, splits)
-    executor = Executor.build(SHAPE, block_size=4, max_tokens=64, max_sequences=3, max_seq_len=32)
+    executor = Executor.build(SHAPE, block_size=4, max_tokens=64, max_sequences=3, max_seq_len=32,
+                              prefill_split=prefill_split)
     calls = {"decode": 0}
     real = executor.runner.ops.decode_attention
 
@@ -111,15 +114,16 @@ def test_the_check_is_not_vacuous():
         _check_against_dense(executor, seqs, {0: [(start, shifted)], 1: pieces[1], 2: pieces[2]}, atol=1e-4)
 
 
-@pytest.mark.parametrize("splits", [None, 2])
-def test_triton_kernels_give_the_same_logits(splits, monkeypatch):
+@pytest.mark.parametrize("splits,prefill_split", [(None, False), (2, False), (2, True)])
+def test_triton_kernels_give_the_same_logits(splits, prefill_split, monkeypatch):
+    """(2, True): split-K in the prefill kernel too, which then serves every row of each mixed batch."""
     _attention_kernels_per_mixed_batch(monkeypatch, splits)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu":  # Triton's interpreter: read when triton and the kernels are first imported
         monkeypatch.setenv("TRITON_INTERPRET", "1")
     pytest.importorskip("triton", reason="the executor extra (triton) is not installed")
     executor = Executor.build(SHAPE, device=device, kernels="triton", block_size=4, max_tokens=64, max_sequences=3,
-                              max_seq_len=32)
+                              max_seq_len=32, prefill_split=prefill_split)
     seqs, pieces = _run_mixed_schedule(executor)
     if device == "cuda":  # fp16: the paged and the dense pass accumulate in different orders
         _check_against_dense(executor, seqs, pieces, atol=0.1, rtol=0.05)

@@ -216,6 +216,25 @@ def test_no_graphs_reaches_the_executor(cli, tmp_path, schedule_file, monkeypatc
 
 
 @needs_torch
+def test_prefill_split_reaches_the_executor(cli, tmp_path, schedule_file, monkeypatch):
+    from kvbound.engine_bridge.executor import Executor
+    build, seen = Executor.build.__func__, []
+
+    def spy(cls, *args, **kwargs):
+        seen.append(kwargs.get("prefill_split"))
+        return build(cls, *args, **kwargs)
+
+    monkeypatch.setattr(Executor, "build", classmethod(spy))
+    rc, _, err = cli("replay", REPO / "cases" / "evict_better.toml", schedule_file, "--device", "cpu", "--shape",
+                     "tiny", *FAST, "--json", "--prefill-split")
+    assert rc == 0, err
+    rc, _, err = cli("profile", "--device", "cpu", "--shape", "tiny", *FAST, "--points", "2", "--out",
+                     tmp_path / "p.csv")
+    assert rc == 0, err
+    assert seen == [True, False]
+
+
+@needs_torch
 def test_replay_uses_the_cost_file(cli, tmp_path, schedule_file):
     (tmp_path / "cost.toml").write_text("# from calibrate\n[cost]\nintercept = 0.5\nper_token = 0.25\n")
     rc, out, err = cli("replay", REPO / "cases" / "evict_better.toml", schedule_file, *FAST, "--cost",

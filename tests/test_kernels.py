@@ -139,6 +139,24 @@ def test_prefill_attention_matches_reference(heads, kv_heads, dim, block_size, l
     torch.testing.assert_close(out.cpu().float(), expected, **TOL)
 
 
+@pytest.mark.parametrize("heads,kv_heads,dim", HEADS)
+@pytest.mark.parametrize("num_splits", [2, 8])
+def test_split_k_prefill_attention_matches_reference(heads, kv_heads, dim, num_splits):
+    """Split-K prefill: each tile of query rows walks its keys in num_splits tile-aligned ranges, combined per
+    row. The chunk of 70 rows after 9 cached tokens has rows that see no key of a later range (causal: its
+    first tile's rows 0-54 see none of keys 64-72); 8 splits of short sequences leave empty ranges; every
+    one must weigh nothing. A short chunk after 100 cached tokens is what the splits are for."""
+    cached, chunks = [0, 21, 6, 9, 100], [13, 7, 1, 70, 5]
+    seq_lens = [m + c for m, c in zip(cached, chunks)]
+    q, k_cache, v_cache, batch = _paged(seq_lens, chunks, 16, heads, kv_heads, dim, seed=40 + num_splits, layout="HND")
+    expected = REF.prefill_attention(q.cpu().float(), k_cache.cpu().float(), v_cache.cpu().float(), _cpu(batch))
+    split = PagedBatch(*(getattr(batch, f) for f in ("block_tables", "seq_lens", "query_lens", "query_starts",
+                                                     "max_query_len", "block_size")), num_splits=num_splits)
+    out = torch.full_like(q, float("nan"))
+    TRITON.prefill_attention(q, k_cache, v_cache, split, out)
+    torch.testing.assert_close(out.cpu().float(), expected, **TOL)
+
+
 def test_prefill_reference_is_plain_causal_attention():
     """The twin itself: a chunk after a cached prefix sees exactly the keys at positions <= its own."""
     q, k_cache, v_cache, batch = _paged([9], [4], 2, 2, 1, 8, seed=3)

@@ -90,6 +90,10 @@ def _executor_options(p, *, shape_required: bool) -> None:
     p.add_argument("--piecewise-tokens", type=number(int, 0, MAX_INT), default=None, metavar="N",
                    help="on cuda, mixed and prefill batches of up to N tokens run as piecewise CUDA graphs, larger "
                         "ones eagerly (default 1024; 0: all eagerly); use the same setting to profile and to replay")
+    p.add_argument("--prefill-split", action="store_true",
+                   help="on cuda, split-K prefill attention where its programs are too few to fill the GPU (a short "
+                        "chunk after a long cached prefix), and one attention kernel for every mixed batch with up to "
+                        "8,192 cached decode tokens; use the same setting to profile and to replay")
 
 
 def _torch(device: str):
@@ -125,7 +129,8 @@ def cmd_profile(args) -> int:
     executor = Executor.build(shape, device=args.device, max_tokens=max(p.kv_tokens for p in points),
                               max_sequences=max(p.prefill_requests + p.decode_requests for p in points),
                               max_seq_len=max(p.max_seq_len for p in points), seed=args.seed,
-                              graphs=False if args.no_graphs else None, piecewise_tokens=args.piecewise_tokens)
+                              graphs=False if args.no_graphs else None, piecewise_tokens=args.piecewise_tokens,
+                              prefill_split=args.prefill_split)
     executor.warm_up()
     rows = run_profile(executor, points, repeat=args.repeat, seed=args.seed)
     write_profile_csv(out, rows)
@@ -230,7 +235,8 @@ def cmd_replay(args) -> int:
 
     torch.set_num_threads(args.threads)
     executor = Executor.for_instance(instance, shape, device=args.device, seed=args.seed,
-                                     graphs=False if args.no_graphs else None, piecewise_tokens=args.piecewise_tokens)
+                                     graphs=False if args.no_graphs else None, piecewise_tokens=args.piecewise_tokens,
+                              prefill_split=args.prefill_split)
     executor.warm_up()
     from tqdm import tqdm
     with tqdm(total=args.repeat * len(schedule.batches), desc="replay", unit="batch", disable=None) as bar:

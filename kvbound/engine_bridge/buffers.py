@@ -51,8 +51,8 @@ class BatchBuffers:
             getattr(self, name)[:len(host)].copy_(host, non_blocking=self._staging is not None)
 
     def inputs(self, ops: ModuleType, kv_caches, block_size: int, *, num_tokens: int, num_requests: int,
-               num_decode: int, max_prefill_query_len: int, decode_splits: int = 1, one_attention: bool = False
-               ) -> tuple[torch.Tensor, torch.Tensor, ForwardContext]:
+               num_decode: int, max_prefill_query_len: int, decode_splits: int = 1, one_attention: bool = False,
+               prefill_splits: int = 1) -> tuple[torch.Tensor, torch.Tensor, ForwardContext]:
         """Token ids, positions and the forward context of a batch loaded with these sizes: views
         of the buffers, so a graph captured on them reads whatever is loaded next. `one_attention`:
         the prefill kernel serves every row, the decode-type requests as one-token chunks (one
@@ -66,11 +66,13 @@ class BatchBuffers:
 
         if one_attention:
             ctx = ForwardContext(ops, self.slot_mapping[:num_tokens], 0, None,
-                                 paged(slice(0, num_requests), max(1, max_prefill_query_len), 1, self.row_starts),
+                                 paged(slice(0, num_requests), max(1, max_prefill_query_len), prefill_splits,
+                                       self.row_starts),
                                  kv_caches)
         else:
             ctx = ForwardContext(ops, self.slot_mapping[:num_tokens], num_decode,
                                  paged(slice(0, num_decode), 1, decode_splits, self.query_starts),
-                                 paged(slice(num_decode, num_requests), max_prefill_query_len, 1, self.query_starts),
+                                 paged(slice(num_decode, num_requests), max_prefill_query_len, prefill_splits,
+                                       self.query_starts),
                                  kv_caches)
         return self.token_ids[:num_tokens], self.positions[:num_tokens], ctx

@@ -67,25 +67,27 @@ class Executor:
     def build(cls, shape: ModelShape, *, device: str = "cpu", block_size: int = DEFAULT_BLOCK_SIZE,
               max_tokens: int, max_sequences: int, max_seq_len: int, max_batch_tokens: int | None = None,
               kernels: str | None = None, graphs: bool | None = None, piecewise_tokens: int | None = None,
-              seed: int = 0) -> "Executor":
+              prefill_split: bool = False, seed: int = 0) -> "Executor":
         """An executor whose pool holds `max_tokens` KV tokens of up to `max_sequences` sequences at
         once, each of up to `max_seq_len` tokens, running batches of up to `max_batch_tokens`
         tokens (default `max_tokens`: a batch's tokens are cached after it). Each sequence may
         leave its last block partly empty, hence one spare block per sequence, plus the warm-up's.
         `graphs`: capture decode-only batches as CUDA graphs and mixed ones of up to `piecewise_tokens`
-        tokens (default runner.PIECEWISE_MAX_TOKENS) as piecewise graphs (default: on CUDA with the Triton kernels)."""
+        tokens (default runner.PIECEWISE_MAX_TOKENS) as piecewise graphs (default: on CUDA with the Triton kernels).
+        `prefill_split`: split-K prefill attention where its programs are few (runner.ModelRunner)."""
         num_blocks = block_count(max_tokens, block_size) + max_sequences + _WARMUP_BLOCKS
         table_width = max(block_count(max_seq_len, block_size), _WARMUP_BLOCKS)
         batch_tokens = max(max_tokens if max_batch_tokens is None else max_batch_tokens, _warmup_tokens(block_size))
         runner = ModelRunner(shape, device=device, kernels=kernels, num_blocks=num_blocks, block_size=block_size,
                              table_width=table_width, max_batch_tokens=batch_tokens,
                              max_batch_requests=max(max_sequences, 2), graphs=graphs, piecewise_tokens=piecewise_tokens,
-                             seed=seed)
+                             prefill_split=prefill_split, seed=seed)
         return cls(runner, BlockManager(num_blocks, block_size))
 
     @classmethod
     def for_instance(cls, instance: Instance, shape: ModelShape, *, device: str = "cpu", kernels: str | None = None,
-                     graphs: bool | None = None, piecewise_tokens: int | None = None, seed: int = 0) -> "Executor":
+                     graphs: bool | None = None, piecewise_tokens: int | None = None, prefill_split: bool = False,
+                     seed: int = 0) -> "Executor":
         """Sized for any valid schedule of `instance`: at most M KV tokens at once (the M rule),
         KV blocks of the case's block size (or DEFAULT_BLOCK_SIZE where that is 1)."""
         system = instance.system
@@ -93,7 +95,7 @@ class Executor:
                          max_tokens=system.kv_capacity, max_sequences=len(instance.requests),
                          max_seq_len=max(r.prompt + r.output - 1 for r in instance.requests),
                          max_batch_tokens=min(system.max_batch_tokens, system.kv_capacity), kernels=kernels,
-                         graphs=graphs, piecewise_tokens=piecewise_tokens, seed=seed)
+                         graphs=graphs, piecewise_tokens=piecewise_tokens, prefill_split=prefill_split, seed=seed)
 
     # ------------------------------------------------------------------ one batch
 

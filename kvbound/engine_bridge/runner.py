@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from ..kernels import backend, decode_split_count
-from ..kernels.layout import new_pool
+from ..kernels.layout import PREFILL_TILE_M, new_pool
 from ..kernels.tuning import kernel_config
 from .buffers import BatchBuffers
 from .config import ModelShape
@@ -35,10 +35,11 @@ PIECEWISE_MAX_TOKENS = 1024
 ONE_ATTENTION_MAX_DECODE_KV = 8192
 
 
-def one_attention(host: HostBatch, decode_splits: int) -> bool:
+def one_attention(host: HostBatch, decode_splits: int, prefill_split: bool = False) -> bool:
     """Whether a batch's attention runs as one prefill-kernel launch a layer: a mixed batch whose
-    decode-type requests need no split-K and hold at most ONE_ATTENTION_MAX_DECODE_KV cached tokens."""
-    return (0 < host.num_decode < host.num_requests and decode_splits == 1
+    decode-type requests hold at most ONE_ATTENTION_MAX_DECODE_KV cached tokens and need no split-K,
+    or may have it from the prefill kernel (`prefill_split`)."""
+    return (0 < host.num_decode < host.num_requests and (decode_splits == 1 or prefill_split)
             and int(host.seq_lens[:host.num_decode].sum()) <= ONE_ATTENTION_MAX_DECODE_KV)
 
 
@@ -69,7 +70,7 @@ class ModelRunner:
     def __init__(self, shape: ModelShape, *, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
                  kernels: str | None = None, num_blocks: int, block_size: int, table_width: int,
                  max_batch_tokens: int, max_batch_requests: int, graphs: bool | None = None,
-                 piecewise_tokens: int | None = None, seed: int = 0):
+                 piecewise_tokens: int | None = None, prefill_split: bool = False, seed: int = 0):
         self.device = torch.device(device)
         self.dtype = dtype or (torch.float16 if self.device.type == "cuda" else torch.float32)
         self.kernels = kernels or ("triton" if self.device.type == "cuda" else "torch")
@@ -85,9 +86,10 @@ class ModelRunner:
                                 for _ in "kv") for _ in range(shape.layers)]
         self.buffers = BatchBuffers(self.device, max_tokens=max(max_batch_tokens, max_batch_requests),
                                     max_requests=max_batch_requests, table_width=table_width)
-        # split-K decode only where the Triton kernel runs on a GPU whose multiprocessors it must fill
+        # split-K only where the Triton kernels run on a GPU whose multiprocessors they must fill
         self.multiprocessors = (torch.cuda.get_device_properties(self.device).multi_processor_count
                                 if self.device.type == "cuda" and self.kernels == "triton" else 0)
+        self.prefill_split = prefill_split
         # graphs need CUDA, and kernels without host synchronisation (the PyTorch twins have some)
         if graphs is None:
             graphs = self.device.type == "cuda" and self.kernels == "triton"
@@ -136,17 +138,30 @@ class ModelRunner:
         host = batch.host
         splits = decode_split_count(host.num_decode, self.shape.kv_heads, host.max_decode_seq_len,
                                     self.multiprocessors)
+        one = one_attention(host, splits, self.prefill_split)
         inputs = self._inputs(host.num_tokens, host.num_requests, host.num_decode, host.max_prefill_query_len, splits,
-                              one_attention=one_attention(host, splits))
+                              one_attention=one, prefill_splits=self._prefill_splits(host, one))
         if batch.piece_size is not None:
             return self.pieces.run(batch.piece_size, inputs[2])[:host.real_tokens]
         return self.model(*inputs)
 
-    def _inputs(self, num_tokens, num_requests, num_decode, max_prefill_query_len, decode_splits, one_attention=False):
+    def _prefill_splits(self, host: HostBatch, one: bool) -> int:
+        """Key-range splits of the prefill kernel's programs (1 unless `prefill_split`): as for decode, so
+        that no program walks more than ~512 keys while its (request, head, query tile) programs are
+        few; the rows it serves are the prefill-type requests, or every request under `one`."""
+        first = 0 if one else host.num_decode
+        if not self.prefill_split or first == host.num_requests:
+            return 1
+        tiles = -(-max(1, host.max_prefill_query_len) // PREFILL_TILE_M)
+        return decode_split_count((host.num_requests - first) * tiles, self.shape.heads,
+                                  int(host.seq_lens[first:].max()), self.multiprocessors)
+
+    def _inputs(self, num_tokens, num_requests, num_decode, max_prefill_query_len, decode_splits, one_attention=False,
+                prefill_splits=1):
         return self.buffers.inputs(self.ops, self.kv_caches, self.block_size, num_tokens=num_tokens,
                                    num_requests=num_requests, num_decode=num_decode,
                                    max_prefill_query_len=max_prefill_query_len, decode_splits=decode_splits,
-                                   one_attention=one_attention)
+                                   one_attention=one_attention, prefill_splits=prefill_splits)
 
     def _run_decode(self, size: int) -> torch.Tensor:
         # any sequence length up to the table's capacity may replay in this graph

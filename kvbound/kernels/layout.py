@@ -17,6 +17,8 @@ import torch
 
 
 KV_LAYOUTS = ("NHD", "HND")
+#: query rows per program of the Triton prefill kernel (the split count of its programs reads it)
+PREFILL_TILE_M = 64
 
 
 def new_pool(num_blocks: int, block_size: int, kv_heads: int, head_dim: int, *, layout: str = "NHD",
@@ -45,8 +47,8 @@ class PagedBatch:
     query_starts: torch.Tensor  # [R] int32: first query row of each request
     max_query_len: int  # max of query_lens, known on the host (sizes the kernel grid)
     block_size: int
-    # decode only: key-range splits per (request, KV head) of the Triton kernel (split-K, flash-decoding);
-    # 1 = one program walks the whole sequence
+    # key-range splits per (request, KV head) of the Triton decode kernel (split-K, flash-decoding), or per
+    # (request, head, tile of query rows) of the prefill kernel; 1 = one program walks all the keys
     num_splits: int = 1
 
     @property

@@ -15,10 +15,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .layout import PagedBatch
+from .layout import PREFILL_TILE_M, PagedBatch
 from .tuning import DecodeConfig, kernel_config
 
-BLOCK_M = 64  # query rows per prefill program
+BLOCK_M = PREFILL_TILE_M  # query rows per prefill program
 BLOCK_N = 64  # key positions per prefill tile (decode: DecodeConfig.tile_n)
 DOT_MIN_ROWS = 16  # tl.dot's least operand size: the decode kernel's query heads are padded to it
 
@@ -129,15 +129,21 @@ def _combine_splits_kernel(acc_ptr, m_ptr, l_ptr, out_ptr, out_stride, num_split
     tl.store(out_ptr + r * out_stride + head * HEAD_DIM + d, out.to(out_ptr.dtype.element_ty))
 
 
-@triton.jit(do_not_specialize=["table_stride"])
-def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, tables_ptr, seq_lens_ptr, query_lens_ptr,
-                    query_starts_ptr, q_stride, out_stride, table_stride, scale, stride_block, stride_offset, stride_head,
-                    BLOCK_SIZE: tl.constexpr, KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
-                    HEAD_DIM: tl.constexpr, TILE_M: tl.constexpr, TILE_N: tl.constexpr):
-    # one program per (request, query head, tile of TILE_M chunk rows)
+@triton.jit(do_not_specialize=["table_stride", "num_splits"])
+def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, m_ptr, l_ptr, tables_ptr, seq_lens_ptr, query_lens_ptr,
+                    query_starts_ptr, q_stride, out_stride, table_stride, num_splits, scale, stride_block, stride_offset,
+                    stride_head, BLOCK_SIZE: tl.constexpr, KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
+                    HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, TILE_M: tl.constexpr, TILE_N: tl.constexpr,
+                    SPLIT: tl.constexpr):
+    # one program per (request, query head, tile of TILE_M chunk rows, key range). Without SPLIT the
+    # range is every key the tile sees and the program writes the output; with SPLIT it is one of
+    # num_splits tile-aligned ranges of them (a short chunk after a long cached prefix is otherwise one
+    # program per head walking the whole prefix) and the program writes each row's unnormalised sum,
+    # running max and running sum for _combine_splits_kernel, as split-K decode does
     r = tl.program_id(0)
     head = tl.program_id(1)
-    tile = tl.program_id(2)
+    tile = tl.program_id(2) // num_splits
+    split = tl.program_id(2) % num_splits
     seq_len = tl.load(seq_lens_ptr + r)
     chunk = tl.load(query_lens_ptr + r)
     if tile * TILE_M >= chunk:  # the grid is sized for the longest chunk of the batch
@@ -154,24 +160,41 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, tables_ptr, seq_le
     l_i = tl.zeros([TILE_M], tl.float32)
     acc = tl.zeros([TILE_M, HEAD_DIM], tl.float32)
     # keys after the tile's last query are never visible to it
-    for start in range(0, tl.minimum(seq_len, cached + (tile + 1) * TILE_M), TILE_N):
+    seen = tl.minimum(seq_len, cached + (tile + 1) * TILE_M)
+    if SPLIT:
+        span = tl.cdiv(tl.cdiv(seen, num_splits), TILE_N) * TILE_N
+        lo = split * span
+        hi = tl.minimum(lo + span, seen)
+    else:
+        lo = 0
+        hi = seen
+    for start in range(lo, hi, TILE_N):
         pos = start + tl.arange(0, TILE_N)
-        valid = pos < seq_len
+        valid = pos < hi
         block = tl.load(tables_ptr + r * table_stride + pos // BLOCK_SIZE, mask=valid, other=0)
         rows = block.to(tl.int64) * stride_block + (pos % BLOCK_SIZE) * stride_offset + kv_col
         k = tl.load(k_cache_ptr + rows[:, None] + d[None, :], mask=valid[:, None], other=0.0)
         s = tl.dot(q, tl.trans(k)) * scale  # [TILE_M, TILE_N], float32
         s = tl.where(valid[None, :] & (pos[None, :] <= q_pos[:, None]), s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))  # finite: position 0 is visible to every row
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        # a row may see no key of a later range yet (causal): its max stays -inf and adds nothing
+        # (without SPLIT position 0 is in the first tile and visible to every row, so m_new is finite)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(m_i - m_safe)
+        p = tl.exp(s - m_safe[:, None])
         v = tl.load(v_cache_ptr + rows[:, None] + d[None, :], mask=valid[:, None], other=0.0)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
-    out = acc / l_i[:, None]
-    tl.store(out_ptr + rows_q[:, None] * out_stride + head * HEAD_DIM + d[None, :], out.to(out_ptr.dtype.element_ty),
-             mask=row_ok[:, None])
+    if SPLIT:  # partials [T, heads, num_splits] (m, l) and [T, heads, num_splits, HEAD_DIM] (acc), float32
+        part = (rows_q * HEADS + head) * num_splits + split
+        tl.store(m_ptr + part, m_i, mask=row_ok)
+        tl.store(l_ptr + part, l_i, mask=row_ok)
+        tl.store(out_ptr + part[:, None] * HEAD_DIM + d[None, :], acc, mask=row_ok[:, None])
+    else:
+        out = acc / l_i[:, None]
+        tl.store(out_ptr + rows_q[:, None] * out_stride + head * HEAD_DIM + d[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
 
 
 def _check_rows(name: str, x: torch.Tensor) -> None:
@@ -244,20 +267,32 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
                       out: torch.Tensor | None = None) -> torch.Tensor:
     """q `[T, heads, head_dim]`: each request's c query rows, at positions seq_len - c .. seq_len - 1,
     attend causally to the request's cached prefix and the chunk up to themselves. Writes into `out`
-    (same shape as q) when given."""
-    heads, dim = q.shape[1:]
+    (same shape as q) when given. With batch.num_splits > 1, split-K: each (request, head, tile of
+    query rows) walks its keys with num_splits programs, then a second kernel combines them per row."""
+    tokens, heads, dim = q.shape
     kv_heads = k_cache.shape[2]
     out = torch.empty_like(q) if out is None else out
     if batch.num_requests == 0:
         return out
     _check_rows("q", q)
     _check_rows("out", out)
-    grid = (batch.num_requests, heads, triton.cdiv(batch.max_query_len, BLOCK_M))
+    splits = batch.num_splits
+    if splits > 1:
+        partial_max = torch.empty(tokens, heads, splits, dtype=torch.float32, device=q.device)
+        partial_sum = torch.empty_like(partial_max)
+        partial_acc = torch.empty(tokens, heads, splits, dim, dtype=torch.float32, device=q.device)
+        target = partial_acc
+    else:
+        partial_max = partial_sum = target = out  # unused pointers
+    grid = (batch.num_requests, heads, triton.cdiv(batch.max_query_len, BLOCK_M) * splits)
     _prefill_kernel[grid](
-        q, k_cache, v_cache, out, batch.block_tables, batch.seq_lens, batch.query_lens, batch.query_starts,
-        q.stride(0), out.stride(0), batch.block_tables.stride(0), dim ** -0.5, *_pool_strides(k_cache, v_cache),
-        BLOCK_SIZE=batch.block_size, KV_HEADS=kv_heads, GROUP=heads // kv_heads, HEAD_DIM=dim,
-        TILE_M=BLOCK_M, TILE_N=BLOCK_N)
+        q, k_cache, v_cache, target, partial_max, partial_sum, batch.block_tables, batch.seq_lens, batch.query_lens,
+        batch.query_starts, q.stride(0), out.stride(0), batch.block_tables.stride(0), splits, dim ** -0.5,
+        *_pool_strides(k_cache, v_cache), BLOCK_SIZE=batch.block_size, KV_HEADS=kv_heads, GROUP=heads // kv_heads,
+        HEADS=heads, HEAD_DIM=dim, TILE_M=BLOCK_M, TILE_N=BLOCK_N, SPLIT=splits > 1)
+    if splits > 1:  # every row of q is some request's (the rows of one attention call are its requests' chunks)
+        _combine_splits_kernel[(tokens, heads)](partial_acc, partial_max, partial_sum, out, out.stride(0), splits,
+                                                HEADS=heads, HEAD_DIM=dim, SPLITS_PAD=triton.next_power_of_2(splits))
     return out
 
 
