@@ -4,7 +4,7 @@ import json
 import pytest
 
 from kvbound import Instance, Request, SystemConfig
-from kvbound.analysis.capacity import capacity, scale_arrivals, slo_attainment
+from kvbound.analysis.capacity import capacity, latency_capacity, scale_arrivals, slo_attainment
 from kvbound.analysis.sweep.claims import check_claims
 from kvbound.analysis.sweep.spec import ClaimSpec, parse_spec
 from kvbound.costs import PRESETS
@@ -25,6 +25,17 @@ def test_capacity_finds_the_largest_factor_that_attains_the_target():
     assert result.requests_per_second == pytest.approx(result.rate_factor * 10 / 9)
     assert list(result.to_json()) == ["scheduler", "rate_factor", "requests_per_second", "slo_attainment", "capped", "status"]
     assert result.capped is False  # issue 34: a key added (a result at the search's cap says so)
+
+
+def test_a_capped_search_names_what_it_keeps():
+    """The note of a search that hit its cap says which target held: the SLO's attainment, or a latency limit
+    (a latency capacity used to speak of an SLO that was never given)."""
+    never = latency_capacity(INST, "sarathi", "mean_latency", 1e9)
+    assert never.capped and never.rate_factor == 2 ** 20
+    assert "mean_latency <= 1e+09 s still met" in never.cap_note and "SLO" not in never.cap_note
+    always = capacity(INST, "sarathi", Slo(ttft=1e-9, tbt=1e-9), 0.7)
+    assert always.capped and always.rate_factor == 0
+    assert always.cap_note.startswith("the SLO attainment >= 0.7 is not met")
 
 
 def test_capacity_bad_input():

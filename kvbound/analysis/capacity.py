@@ -40,6 +40,7 @@ class CapacityResult:
     evaluations: int
     capped: bool = False  # the search hit a cap of its range: rate_factor is LIMIT (or 0), not a measurement
     interrupted: bool = False  # cut short by Ctrl-C or SIGTERM: the best factor found by then
+    target: str = "the SLO attainment"  # what the factor keeps (for the notes): the SLO's, or an objective's limit
 
     def to_json(self) -> dict:
         return {"scheduler": self.scheduler, "rate_factor": self.rate_factor,
@@ -52,9 +53,9 @@ class CapacityResult:
         if not self.capped:
             return ""
         if self.rate_factor > 0:
-            return (f"the search reached its cap, rate factor {LIMIT:.0f} (2^20), with the SLO still attained: "
+            return (f"the search reached its cap, rate factor {LIMIT:.0f} (2^20), with {self.target} still met: "
                     f"the capacity is at least this, not measured")
-        return (f"the SLO is not attained even at rate factor 1/{LIMIT:.0f} (2^-20), the search's lower cap: "
+        return (f"{self.target} is not met even at rate factor 1/{LIMIT:.0f} (2^-20), the search's lower cap: "
                 f"no capacity measured")
 
 
@@ -87,7 +88,7 @@ def capacity(instance: Instance, scheduler: str, slo: Slo, attainment: float = 0
     _check_tolerance(rel_tol)
     get_scheduler(scheduler)  # a bad name or option is bad input before any work
     return _search(instance, scheduler, lambda inst: slo_attainment(inst, scheduler, slo),
-                   lambda a: a >= attainment, rel_tol, progress)
+                   lambda a: a >= attainment, rel_tol, progress, f"the SLO attainment >= {attainment:g}")
 
 
 def objective_value(instance: Instance, scheduler: str, objective) -> float:
@@ -107,7 +108,7 @@ def latency_capacity(instance: Instance, scheduler: str, objective, limit: float
     _check_tolerance(rel_tol)
     get_scheduler(scheduler)
     return _search(instance, scheduler, lambda inst: objective_value(inst, scheduler, objective),
-                   lambda v: v <= limit, rel_tol, progress)
+                   lambda v: v <= limit, rel_tol, progress, f"{objective} <= {limit:g} s")
 
 
 def _check_tolerance(rel_tol: float) -> None:
@@ -117,7 +118,7 @@ def _check_tolerance(rel_tol: float) -> None:
 
 
 def _search(instance: Instance, scheduler: str, measure: Callable[[Instance], float], ok: Callable[[float], bool],
-            rel_tol: float, progress: Callable[[float, float], None] | None) -> CapacityResult:
+            rel_tol: float, progress: Callable[[float, float], None] | None, target: str) -> CapacityResult:
     """The largest factor f whose `measure(scale_arrivals(instance, f))` is `ok` (assumed ok below it,
     not ok above): bracketed by doubling or halving from 1, then bisected on log f."""
     rate = base_rate(instance)
@@ -132,7 +133,7 @@ def _search(instance: Instance, scheduler: str, measure: Callable[[Instance], fl
 
     def best_seen(**flags) -> CapacityResult:
         best = max((f for f, a in seen.items() if ok(a)), default=0.0)
-        return CapacityResult(scheduler, best, rate * best, seen.get(best, 0.0), len(seen), **flags)
+        return CapacityResult(scheduler, best, rate * best, seen.get(best, 0.0), len(seen), target=target, **flags)
 
     try:
         lo, hi = 1.0, 1.0
@@ -152,7 +153,7 @@ def _search(instance: Instance, scheduler: str, measure: Callable[[Instance], fl
                 lo = mid
             else:
                 hi = mid
-        return CapacityResult(scheduler, lo, rate * lo, att(lo), len(seen))
+        return CapacityResult(scheduler, lo, rate * lo, att(lo), len(seen), target=target)
     except Stopped:  # an interrupt: the best factor measured by then, said so
         if interrupt.requested() is None:
             raise
