@@ -241,13 +241,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     config = config or kernel_config(q.device).decode
     group = heads // kv_heads
     splits = batch.num_splits
-    if splits > 1:
-        partial_max = torch.empty(num_req, heads, splits, dtype=torch.float32, device=q.device)
-        partial_sum = torch.empty_like(partial_max)
-        partial_acc = torch.empty(num_req, heads, splits, dim, dtype=torch.float32, device=q.device)
-        target = partial_acc
-    else:
-        partial_max = partial_sum = target = out  # unused pointers
+    target, partial_max, partial_sum = _split_partials(out, splits)
     grid = (kv_heads, splits, num_req) if config.heads_first else (num_req, kv_heads, splits)
     _decode_kernel[grid](
         q, k_cache, v_cache, target, partial_max, partial_sum, batch.block_tables, batch.seq_lens,
@@ -257,10 +251,30 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         GROUP_PAD=max(triton.next_power_of_2(group), DOT_MIN_ROWS if config.dot else 1),
         HEAD_DIM=dim, TILE_N=config.tile_n, SPLIT=splits > 1, HEADS_FIRST=config.heads_first, DOT=config.dot,
         num_warps=config.num_warps, num_stages=config.num_stages)
-    if splits > 1:
-        _combine_splits_kernel[(num_req, heads)](partial_acc, partial_max, partial_sum, out, out.stride(0), splits,
-                                                 HEADS=heads, HEAD_DIM=dim, SPLITS_PAD=triton.next_power_of_2(splits))
+    _combine_splits(target, partial_max, partial_sum, out, splits)
     return out
+
+
+def _split_partials(out: torch.Tensor, splits: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(what the attention kernel writes to, running maxima, running sums): with split-K, float32 partials
+    for each row of `out` `[rows, heads, dim]`: `[rows, heads, splits, dim]`, `[rows, heads, splits]` twice;
+    without, `out` itself (the other two pointers unused)."""
+    if splits == 1:
+        return out, out, out
+    rows, heads, dim = out.shape
+    partial_max = torch.empty(rows, heads, splits, dtype=torch.float32, device=out.device)
+    return (torch.empty(rows, heads, splits, dim, dtype=torch.float32, device=out.device), partial_max,
+            torch.empty_like(partial_max))
+
+
+def _combine_splits(partial_acc: torch.Tensor, partial_max: torch.Tensor, partial_sum: torch.Tensor,
+                    out: torch.Tensor, splits: int) -> None:
+    """Each row's split-K partials combined into `out` (nothing to do without splits)."""
+    if splits == 1:
+        return
+    rows, heads, dim = out.shape
+    _combine_splits_kernel[(rows, heads)](partial_acc, partial_max, partial_sum, out, out.stride(0), splits,
+                                          HEADS=heads, HEAD_DIM=dim, SPLITS_PAD=triton.next_power_of_2(splits))
 
 
 def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: PagedBatch,
@@ -269,7 +283,7 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     attend causally to the request's cached prefix and the chunk up to themselves. Writes into `out`
     (same shape as q) when given. With batch.num_splits > 1, split-K: each (request, head, tile of
     query rows) walks its keys with num_splits programs, then a second kernel combines them per row."""
-    tokens, heads, dim = q.shape
+    heads, dim = q.shape[1:]
     kv_heads = k_cache.shape[2]
     out = torch.empty_like(q) if out is None else out
     if batch.num_requests == 0:
@@ -277,22 +291,15 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     _check_rows("q", q)
     _check_rows("out", out)
     splits = batch.num_splits
-    if splits > 1:
-        partial_max = torch.empty(tokens, heads, splits, dtype=torch.float32, device=q.device)
-        partial_sum = torch.empty_like(partial_max)
-        partial_acc = torch.empty(tokens, heads, splits, dim, dtype=torch.float32, device=q.device)
-        target = partial_acc
-    else:
-        partial_max = partial_sum = target = out  # unused pointers
+    # every row of q is some request's (one call's rows are its requests' chunks): each row is combined
+    target, partial_max, partial_sum = _split_partials(out, splits)
     grid = (batch.num_requests, heads, triton.cdiv(batch.max_query_len, BLOCK_M) * splits)
     _prefill_kernel[grid](
         q, k_cache, v_cache, target, partial_max, partial_sum, batch.block_tables, batch.seq_lens, batch.query_lens,
         batch.query_starts, q.stride(0), out.stride(0), batch.block_tables.stride(0), splits, dim ** -0.5,
         *_pool_strides(k_cache, v_cache), BLOCK_SIZE=batch.block_size, KV_HEADS=kv_heads, GROUP=heads // kv_heads,
         HEADS=heads, HEAD_DIM=dim, TILE_M=BLOCK_M, TILE_N=BLOCK_N, SPLIT=splits > 1)
-    if splits > 1:  # every row of q is some request's (the rows of one attention call are its requests' chunks)
-        _combine_splits_kernel[(tokens, heads)](partial_acc, partial_max, partial_sum, out, out.stride(0), splits,
-                                                HEADS=heads, HEAD_DIM=dim, SPLITS_PAD=triton.next_power_of_2(splits))
+    _combine_splits(target, partial_max, partial_sum, out, splits)
     return out
 
 
