@@ -30,8 +30,9 @@ PIECEWISE_MAX_TOKENS = 1024
 #: a mixed batch runs its decode-type requests in the prefill kernel (one attention launch a layer) while
 #: they hold at most this many cached tokens: there the batch is short enough to wait for the host's
 #: launches (a 47-token chunk beside 10 decodes of 3,799 tokens: 13.1 ms where its work is ~9 ms,
-#: bench/results/replay_cuda.md); beyond it the decode kernel reads their KV on CUDA cores, where the
-#: prefill kernel's 64-row tiles would compute 64 times the products a one-token query needs
+#: bench/results/replay_cuda.md); beyond it the decode kernel reads their KV, whose tiles hold one query
+#: row per head (16 with tensor cores), where the prefill kernel's 64-row tiles would compute 64 times
+#: the products a one-token query needs
 ONE_ATTENTION_MAX_DECODE_KV = 8192
 
 
