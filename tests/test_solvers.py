@@ -209,6 +209,19 @@ def test_highs_matches_the_oracle(instance, objective, no_evict, form):
     check_optimal(instance, objective, "highs", no_evict, formulation=form)
 
 
+#: found by the property above in a CI run: HiGHS proved the network model "optimal" at a schedule 1.4e-7
+#: (relative) worse than the oracle's, its dual bound equal to that schedule's value: above the optimum,
+#: within HiGHS's own tolerances (attention coefficients of ~5e-7 a model unit). Its bounds are lowered by
+#: backends.highs.BOUND_MARGIN
+TOLERANCE_CASE = Instance((Request(4, 1, 0.0), Request(4, 1, 0.0), Request(1, 1, 0.0)), SystemConfig(5, 3, 3, 1),
+                          CostModel(intercept=0.00371976, per_token=6.52783e-05, decode_kv=3.7449142857142855e-07,
+                                    prefill_attention=1.6804102564102565e-09))
+
+
+def test_a_highs_bound_never_passes_the_optimum_through_its_tolerances():
+    check_optimal(TOLERANCE_CASE, Objective.MEAN_LATENCY, "highs", formulation="network")
+
+
 #: found by a hostile probe (issue 34): C = 4,096 beside prompts of 3 and 4 tokens made the models' Big-M
 #: constants ~842,000 (the largest batch time at C tokens), and HiGHS's tolerance let a point 0.23 s below
 #: the schedule it describes through: "optimal" 6.46 against the true 6.575 (the model's horizon 5)
