@@ -118,3 +118,15 @@ def test_a_long_request_is_refused_without_counting_its_states():
                    CostModel(intercept=1.0))
     assert state_count(big) == 30_001
     assert searchable(big) == "more than 30,000 states within M"
+
+
+def test_an_evict_only_batch_is_a_move():
+    """Found by a hypothesis draw in a CI run (the race's oracle test; the ledger discarded the search's
+    bound): once the short request is done, evicting the other and processing its 2 tokens again
+    (0.7 s) beats its decode (0.85 s), and with no one else to process that needs a batch that only
+    evicts. The search offered no such move and called 1.55 s the optimum; the oracle's is 1.4 s."""
+    instance = Instance((Request(1, 1, 0.0), Request(1, 2, 0.0)), SystemConfig(2, 2, 2, 1),
+                        CostModel(intercept=0.5, per_token=0.1, decode_kv=0.25, prefill_kv=0.2))
+    found = exhaust(instance, Objective.TOTAL_LATENCY)
+    assert found.exact and found.bound == pytest.approx(brute_force(instance, Objective.TOTAL_LATENCY).value) == 1.4
+    assert validate(instance, found.schedule).metrics.total_latency == pytest.approx(1.4)

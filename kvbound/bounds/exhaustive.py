@@ -1,7 +1,7 @@
 """The optimum of a tiny instance by exhausting its states: a shortest path over batches.
 
 A node is every request's (m cached, n generated) and the clock t (the end of the last batch); a move
-is one batch under the semantics' rules (C, P, M in blocks, evictions first, only arrived requests),
+is one batch (an evict-only one too: it takes no time) under the semantics' rules (C, P, M in blocks, evictions first, only arrived requests),
 started at once or after waiting for a later arrival (waiting until any other moment never helps),
 timed by `accounting.account_batch`. Each objective is a sum (total latency: the last) of event
 times that moves fix: completions or first tokens. A* orders nodes by the events fixed so far plus
@@ -151,8 +151,10 @@ def exhaust(instance: Instance, objective: Objective, deadline=None, max_expansi
         batches = max(batches, later + first_pending, -(-prefill // P))
         return max([t + batches * cost.intercept + work_left, t, *pending])
 
-    def moves(state, start: float):
-        """(next state, tokens, evicted) for every batch starting at `start` that processes a token."""
+    def moves(state, start: float, evict_only: bool):
+        """(next state, tokens, evicted) for every batch starting at `start` that processes a token, and
+        with `evict_only` every batch that only evicts (it takes no time: a request evicted and refilled
+        may cost less than its decodes, and with no one else to process, that needs one)."""
         late = start + 1e-12 * (1.0 + abs(start))
         options = []
         for i in range(k):
@@ -177,7 +179,7 @@ def exhaust(instance: Instance, objective: Objective, deadline=None, max_expansi
 
         def extend(i, kv, tok, pre, busy):
             if i == k:
-                if tok:
+                if tok or (evict_only and any(o[5] for o in parts)):
                     nxt = tuple(x for o in parts for x in o[:2])
                     tokens = {j: o[3] for j, o in enumerate(parts) if o[3]}
                     yield nxt, tokens, tuple(j for j, o in enumerate(parts) if o[5])
@@ -245,7 +247,7 @@ def exhaust(instance: Instance, objective: Objective, deadline=None, max_expansi
         for i in range(k):
             cached[i], generated[i] = state[2 * i], state[2 * i + 1]
         for start in [node.t, *(a for a in arrival_times if a > node.t)]:
-            for nxt, tokens, evicted in moves(state, start):
+            for nxt, tokens, evicted in moves(state, start, start == node.t):
                 end = start + account_batch(tokens, cached, generated, prompt, evicted, b).time(cost)
                 fixed = node.fixed
                 if mean:
