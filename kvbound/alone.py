@@ -7,7 +7,6 @@ belongs to one request: everything but the intercept (`CostModel.work`; the conv
 """
 from __future__ import annotations
 
-
 import numpy as np
 
 from .objective import Objective

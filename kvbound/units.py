@@ -91,21 +91,31 @@ def _interrupted() -> None:
         raise Stopped("interrupted")
 
 
+def _dispatch(units, at_once: int, start, submit: Callable, finished: Callable, running: dict):
+    """`(index, result)` as units end, on a pool or Ray: units are submitted (`submit(argument)` -> a
+    handle, kept in `running` with the unit's index, for the caller's clean-up) as `_room` allows, and
+    `finished(running)` waits up to POLL_SECONDS for (handle, result) pairs of those that ended."""
+    todo = _arguments(units, at_once, start)
+    while True:
+        _interrupted()
+        for k, arg in islice(todo, _room(start, at_once, len(running))):
+            running[submit(arg)] = k
+        if not running:
+            return
+        for handle, result in finished(running):
+            yield running.pop(handle), result
+
+
 def _pool(fn, units, workers: int, start):
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
+    def finished(running):
+        done, _ = wait(running, timeout=POLL_SECONDS, return_when=FIRST_COMPLETED)
+        return ((future, future.result()) for future in done)  # each result read as it is yielded
+
     pool = ProcessPoolExecutor(max_workers=workers, initializer=_enter_worker)
     try:
-        todo, index = _arguments(units, workers, start), {}
-        while True:
-            _interrupted()
-            for k, arg in islice(todo, _room(start, workers, len(index))):
-                index[pool.submit(fn, arg)] = k
-            if not index:
-                break
-            done, _ = wait(index, timeout=POLL_SECONDS, return_when=FIRST_COMPLETED)
-            for future in done:
-                yield index.pop(future), future.result()
+        yield from _dispatch(units, workers, start, lambda arg: pool.submit(fn, arg), finished, {})
     except BaseException:  # Ctrl-C, an error, or the caller stopped early
         stop_pool(pool)
         raise
@@ -139,20 +149,17 @@ def _ray(fn, units, workers: int | None, address: str | None, start):
         # without `workers`, as many at once as the cluster (or the local Ray) has CPUs
         at_once = workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
         task = ray.remote(num_cpus=1)(_in_worker)
+
+        def finished(running):
+            ready, _ = ray.wait(list(running), num_returns=1, timeout=POLL_SECONDS)
+            return ((ref, ray.get(ref)) for ref in ready)
+
         # units travel with their data (an Instance, not a case file), so worker nodes need kvbound only
-        todo, index = _arguments(units, at_once, start), {}
+        running: dict = {}
         try:
-            while True:
-                _interrupted()
-                for k, arg in islice(todo, _room(start, at_once, len(index))):
-                    index[task.remote(fn, arg)] = k
-                if not index:
-                    break
-                ready, _ = ray.wait(list(index), num_returns=1, timeout=POLL_SECONDS)
-                if ready:
-                    yield index.pop(ready[0]), ray.get(ready[0])
+            yield from _dispatch(units, at_once, start, lambda arg: task.remote(fn, arg), finished, running)
         except BaseException:
-            for ref in index:  # on a shared cluster, do not leave the rest running
+            for ref in running:  # on a shared cluster, do not leave the rest running
                 ray.cancel(ref, force=True)
             raise
 

@@ -194,17 +194,23 @@ def test_replay_reports_how_much_of_it_the_profile_covers(cli, tmp_path, schedul
     assert coverage["outside"]["prefill_requests"] == with_prefill
 
 
-@needs_torch
-def test_no_graphs_reaches_the_executor(cli, tmp_path, schedule_file, monkeypatch):
-    # on CUDA decode-only batches replay captured graphs unless --no-graphs; profile and replay both pass it on
+def _builds(monkeypatch, keyword: str) -> list:
+    """What each `Executor.build` from now on is given as `keyword` (None when not given), in order."""
     from kvbound.engine_bridge.executor import Executor
     build, seen = Executor.build.__func__, []
 
     def spy(cls, *args, **kwargs):
-        seen.append(kwargs.get("graphs"))
+        seen.append(kwargs.get(keyword))
         return build(cls, *args, **kwargs)
 
     monkeypatch.setattr(Executor, "build", classmethod(spy))
+    return seen
+
+
+@needs_torch
+def test_no_graphs_reaches_the_executor(cli, tmp_path, schedule_file, monkeypatch):
+    # on CUDA decode-only batches replay captured graphs unless --no-graphs; profile and replay both pass it on
+    seen = _builds(monkeypatch, "graphs")
     for extra in ((), ("--no-graphs",)):
         rc, _, err = cli("replay", REPO / "cases" / "evict_better.toml", schedule_file, "--device", "cpu", "--shape",
                          "tiny", *FAST, "--json", *extra)
@@ -217,14 +223,7 @@ def test_no_graphs_reaches_the_executor(cli, tmp_path, schedule_file, monkeypatc
 
 @needs_torch
 def test_prefill_split_reaches_the_executor(cli, tmp_path, schedule_file, monkeypatch):
-    from kvbound.engine_bridge.executor import Executor
-    build, seen = Executor.build.__func__, []
-
-    def spy(cls, *args, **kwargs):
-        seen.append(kwargs.get("prefill_split"))
-        return build(cls, *args, **kwargs)
-
-    monkeypatch.setattr(Executor, "build", classmethod(spy))
+    seen = _builds(monkeypatch, "prefill_split")
     rc, _, err = cli("replay", REPO / "cases" / "evict_better.toml", schedule_file, "--device", "cpu", "--shape",
                      "tiny", *FAST, "--json", "--prefill-split")
     assert rc == 0, err

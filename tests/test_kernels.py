@@ -6,6 +6,7 @@ fails. On CPU the kernels run in Triton's interpreter; on a CUDA machine, compil
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import pytest
 
@@ -97,8 +98,7 @@ def test_decode_attention_launch_settings_change_nothing(config, num_splits):
     seq_lens = [1, 200, 70, 129]
     q, k_cache, v_cache, batch = _paged(seq_lens, [1] * len(seq_lens), 16, 4, 2, 16, seed=7, layout="HND")
     expected = REF.decode_attention(q.cpu().float(), k_cache.cpu().float(), v_cache.cpu().float(), _cpu(batch))
-    split = PagedBatch(*(getattr(batch, f) for f in ("block_tables", "seq_lens", "query_lens", "query_starts",
-                                                     "max_query_len", "block_size")), num_splits=num_splits)
+    split = replace(batch, num_splits=num_splits)
     out = torch.full_like(q, float("nan"))
     TRITON.decode_attention(q, k_cache, v_cache, split, out, config=config)
     torch.testing.assert_close(out.cpu().float(), expected, **TOL)
@@ -112,8 +112,7 @@ def test_tensor_core_decode_matches_reference_for_every_head_grouping(heads, kv_
     seq_lens = [1, 200, 70, 129]
     q, k_cache, v_cache, batch = _paged(seq_lens, [1] * len(seq_lens), 16, heads, kv_heads, dim, seed=11, layout="HND")
     expected = REF.decode_attention(q.cpu().float(), k_cache.cpu().float(), v_cache.cpu().float(), _cpu(batch))
-    split = PagedBatch(*(getattr(batch, f) for f in ("block_tables", "seq_lens", "query_lens", "query_starts",
-                                                     "max_query_len", "block_size")), num_splits=num_splits)
+    split = replace(batch, num_splits=num_splits)
     out = torch.full_like(q, float("nan"))
     TRITON.decode_attention(q, k_cache, v_cache, split, out, config=DecodeConfig(tile_n=32, dot=True))
     torch.testing.assert_close(out.cpu().float(), expected, **TOL)
@@ -150,8 +149,7 @@ def test_split_k_prefill_attention_matches_reference(heads, kv_heads, dim, num_s
     seq_lens = [m + c for m, c in zip(cached, chunks)]
     q, k_cache, v_cache, batch = _paged(seq_lens, chunks, 16, heads, kv_heads, dim, seed=40 + num_splits, layout="HND")
     expected = REF.prefill_attention(q.cpu().float(), k_cache.cpu().float(), v_cache.cpu().float(), _cpu(batch))
-    split = PagedBatch(*(getattr(batch, f) for f in ("block_tables", "seq_lens", "query_lens", "query_starts",
-                                                     "max_query_len", "block_size")), num_splits=num_splits)
+    split = replace(batch, num_splits=num_splits)
     out = torch.full_like(q, float("nan"))
     TRITON.prefill_attention(q, k_cache, v_cache, split, out)
     torch.testing.assert_close(out.cpu().float(), expected, **TOL)
@@ -208,8 +206,7 @@ def test_split_k_decode_attention_matches_reference(heads, kv_heads, dim, num_sp
     seq_lens = [1, 200, 70, 129]
     q, k_cache, v_cache, batch = _paged(seq_lens, [1] * len(seq_lens), 16, heads, kv_heads, dim, seed=num_splits)
     expected = REF.decode_attention(q.cpu().float(), k_cache.cpu().float(), v_cache.cpu().float(), _cpu(batch))
-    split = PagedBatch(*(getattr(batch, f) for f in ("block_tables", "seq_lens", "query_lens", "query_starts",
-                                                     "max_query_len", "block_size")), num_splits=num_splits)
+    split = replace(batch, num_splits=num_splits)
     out = torch.full_like(q, float("nan"))
     TRITON.decode_attention(q, k_cache, v_cache, split, out)
     torch.testing.assert_close(out.cpu().float(), expected, **TOL)

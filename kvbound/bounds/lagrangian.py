@@ -104,7 +104,8 @@ class LagrangianBound:
         # (k = 0, and a decode into k = 1, are never reached: their states stay infinite)
         self.decode_work = np.where(k >= 2, cost.work(1.0, m, decode=True), 0.0)
         self.refill_work = np.where(k >= 2, prefill_work(m + 1, cost), 0.0)
-        self.refill_work[self.start + 1] = first_prefill_work(prompt, cost, largest_chunk(instance))  # in chunks of <= min(P, C)
+        # the first prefill, in chunks of at most min(P, C)
+        self.refill_work[self.start + 1] = first_prefill_work(prompt, cost, largest_chunk(instance))
         self.refill_tokens = np.where(k >= 1, held, 0).astype(float)  # a refill (or first prefill) into R_k
         self.decode_root = np.sqrt(self.decode_work)
         # `_finish_after`'s parts that no multiplier changes: per state, the least work of the tokens

@@ -38,6 +38,30 @@ def _write_kv_kernel(key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, key
     tl.store(v_cache_ptr + dest, tl.load(value_ptr + t * value_stride + row, mask=mask), mask=mask)
 
 
+@triton.jit
+def _key_range(keys, split, num_splits, TILE_N: tl.constexpr, SPLIT: tl.constexpr):
+    """The keys [lo, hi) of `keys` one program walks: with SPLIT (split-K) range `split` of num_splits
+    tile-aligned ones (empty where the keys run out first), else all of them."""
+    if SPLIT:
+        span = tl.cdiv(tl.cdiv(keys, num_splits), TILE_N) * TILE_N
+        lo = split * span
+        hi = tl.minimum(lo + span, keys)
+    else:
+        lo = 0
+        hi = keys
+    return lo, hi
+
+
+@triton.jit
+def _store_partials(m_ptr, l_ptr, acc_ptr, part, m_i, l_i, acc, ok, HEAD_DIM: tl.constexpr):
+    """A split-K program's running max, running sum and unnormalised sum of its rows `part` (those where
+    `ok`), float32, for _combine_splits_kernel."""
+    d = tl.arange(0, HEAD_DIM)
+    tl.store(m_ptr + part, m_i, mask=ok)
+    tl.store(l_ptr + part, l_i, mask=ok)
+    tl.store(acc_ptr + part[:, None] * HEAD_DIM + d[None, :], acc, mask=ok[:, None])
+
+
 @triton.jit(do_not_specialize=["table_stride", "num_splits"])
 def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, m_ptr, l_ptr, tables_ptr, seq_lens_ptr,
                    q_stride, out_stride, table_stride, num_splits, scale, stride_block, stride_offset, stride_head,
@@ -62,13 +86,7 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, m_ptr, l_ptr, table
         kv_head = tl.program_id(1)
         split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + r)
-    if SPLIT:
-        span = tl.cdiv(tl.cdiv(seq_len, num_splits), TILE_N) * TILE_N
-        lo = split * span
-        hi = tl.minimum(lo + span, seq_len)
-    else:
-        lo = 0
-        hi = seq_len
+    lo, hi = _key_range(seq_len, split, num_splits, TILE_N, SPLIT)
     g = tl.arange(0, GROUP_PAD)
     d = tl.arange(0, HEAD_DIM)
     heads = kv_head * GROUP + g
@@ -101,10 +119,8 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, m_ptr, l_ptr, table
             acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
         m_i = m_new
     if SPLIT:  # partials [R, heads, num_splits] (m, l) and [R, heads, num_splits, HEAD_DIM] (acc), float32
-        part = (r * (KV_HEADS * GROUP) + heads) * num_splits + split
-        tl.store(m_ptr + part, m_i, mask=head_ok)
-        tl.store(l_ptr + part, l_i, mask=head_ok)
-        tl.store(out_ptr + part[:, None] * HEAD_DIM + d[None, :], acc, mask=head_ok[:, None])
+        _store_partials(m_ptr, l_ptr, out_ptr, (r * (KV_HEADS * GROUP) + heads) * num_splits + split, m_i, l_i, acc,
+                        head_ok, HEAD_DIM)
     else:
         out = acc / l_i[:, None]
         tl.store(out_ptr + r * out_stride + heads[:, None] * HEAD_DIM + d[None, :],
@@ -161,13 +177,7 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, m_ptr, l_ptr, tabl
     acc = tl.zeros([TILE_M, HEAD_DIM], tl.float32)
     # keys after the tile's last query are never visible to it
     seen = tl.minimum(seq_len, cached + (tile + 1) * TILE_M)
-    if SPLIT:
-        span = tl.cdiv(tl.cdiv(seen, num_splits), TILE_N) * TILE_N
-        lo = split * span
-        hi = tl.minimum(lo + span, seen)
-    else:
-        lo = 0
-        hi = seen
+    lo, hi = _key_range(seen, split, num_splits, TILE_N, SPLIT)
     for start in range(lo, hi, TILE_N):
         pos = start + tl.arange(0, TILE_N)
         valid = pos < hi
@@ -187,10 +197,8 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, m_ptr, l_ptr, tabl
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
     if SPLIT:  # partials [T, heads, num_splits] (m, l) and [T, heads, num_splits, HEAD_DIM] (acc), float32
-        part = (rows_q * HEADS + head) * num_splits + split
-        tl.store(m_ptr + part, m_i, mask=row_ok)
-        tl.store(l_ptr + part, l_i, mask=row_ok)
-        tl.store(out_ptr + part[:, None] * HEAD_DIM + d[None, :], acc, mask=row_ok[:, None])
+        _store_partials(m_ptr, l_ptr, out_ptr, (rows_q * HEADS + head) * num_splits + split, m_i, l_i, acc, row_ok,
+                        HEAD_DIM)
     else:
         out = acc / l_i[:, None]
         tl.store(out_ptr + rows_q[:, None] * out_stride + head * HEAD_DIM + d[None, :],
