@@ -192,6 +192,65 @@ def test_ray_not_installed_or_no_workers_is_bad_input_before_any_work(cli, tiny_
     assert rc == 2 and out == "" and "pip install 'kvbound[distributed]'" in err, err
 
 
+def test_a_rerun_into_the_same_folder_computes_only_the_units_not_there(cli, tiny_case, tmp_path, monkeypatch):
+    """--out DIR keeps each finished unit: a rerun with more rate factors takes the finished ones from DIR
+    (the same numbers, their own seconds) and computes only the new one; other settings share nothing;
+    DIR/headroom.json is what the command printed."""
+    from kvbound.analysis import headroom as headroom_module
+
+    folder = tmp_path / "run"
+    argv = ("headroom", tiny_case, "--schedulers", "sarathi,srpt", "--time-limit", "20", "--workers", "1", "--json",
+            "--out", folder)
+    rc, out, err = cli(*argv, "--rates", "0.5,1")
+    assert rc == 0, err
+    first = json.loads(out)
+    assert first["recorded"] == 0 and json.loads((folder / "headroom.json").read_text()) == first
+    computed = []
+    real = headroom_module.run_point
+    monkeypatch.setattr(headroom_module, "run_point", lambda inst, f, *rest: computed.append(f) or real(inst, f, *rest))
+    rc, out, err = cli(*argv, "--rates", "0.5,1,2")
+    assert rc == 0, err
+    second = json.loads(out)
+    assert computed == [2.0]
+    assert second["recorded"] == 5  # the capacity bound, two capacity searches, two points
+    assert second["points"][:2] == first["points"] and second["capacity"] == first["capacity"]
+    _check_order(second)
+    assert json.loads((folder / "headroom.json").read_text()) == second
+    computed.clear()
+    rc, out, err = cli(*argv, "--rates", "0.5", "--objective", "mean_ttft")
+    assert rc == 0, err
+    assert json.loads(out)["recorded"] == 0 and computed == [0.5]
+
+
+def test_a_unit_cut_short_is_not_kept(tiny_case, tmp_path, monkeypatch):
+    """A point whose schedulers were not all simulated in time is reported but not recorded: a rerun computes it."""
+    from kvbound.analysis import headroom as headroom_module
+    from kvbound.analysis.compare import TIME_LIMIT
+
+    inst = load_case(tiny_case)
+    real = headroom_module.run_point
+
+    def cut_short(*args):
+        point = real(*args)
+        point.status = TIME_LIMIT
+        return point
+
+    monkeypatch.setattr(headroom_module, "run_point", cut_short)
+    first = headroom(inst, [1], ["srpt"], time_limit=20, workers=1, out=tmp_path)
+    assert first.status == TIME_LIMIT and len(first.points) == 1
+    monkeypatch.setattr(headroom_module, "run_point", real)
+    second = headroom(inst, [1], ["srpt"], time_limit=20, workers=1, out=tmp_path)
+    assert second.recorded == 2 and second.status == "complete"  # the capacity bound and search, not the point
+
+
+def test_out_naming_a_file_is_bad_input(cli, tiny_case, tmp_path):
+    path = tmp_path / "taken"
+    path.write_text("mine\n")
+    rc, out, err = cli("headroom", tiny_case, "--rates", "1", "--out", path, "--json")
+    assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1 and "not a folder" in err, err
+    assert path.read_text() == "mine\n"  # nothing a user gave is overwritten
+
+
 @pytest.mark.parametrize("argv, needle", [
     (["--rates", "0,1"], "--rates: 0: a rate factor must be"),
     (["--rates", "1,x"], "--rates: 'x' is not a number"),

@@ -304,6 +304,28 @@ def test_interrupted_headroom_prints_what_is_finished(tmp_path, workers, points)
     assert not _gone(kids)
 
 
+def test_interrupted_headroom_keeps_its_finished_units_for_a_rerun(tmp_path):
+    # with --out: Ctrl-C keeps what is finished (the capacity bound and searches) and not the point it cut
+    # short; DIR/headroom.json is the printed result; a rerun into the same folder takes the kept units
+    case = REPO / "cases" / "ground_truth" / "gt_conv_r0_n8_s40_tight_arr.toml"
+    folder = tmp_path / "run"
+    proc, _ = _start(["headroom", case, "--rates", "0.5,1", "--time-limit", "60", "--json", "--workers", "1",
+                      "--out", folder], tmp_path)
+    seconds, out, err, _ = _signal_and_wait(proc, signal.SIGINT, 3.0)
+    assert proc.returncode == 130 and seconds <= EXIT_WITHIN, (out, err)
+    data = json.loads(out)
+    assert data["status"] == "interrupted" and json.loads((folder / "headroom.json").read_text()) == data
+    kept = (folder / "units.csv").read_text().splitlines()
+    assert len(kept) == 1 + 5 and not any(line.startswith("rate factor") for line in kept), kept
+    rc = subprocess.run([sys.executable, "-m", "kvbound.cli", "headroom", str(case), "--rates", "0.5",
+                         "--time-limit", "8", "--json", "--workers", "1", "--out", str(folder)],
+                        capture_output=True, text=True, cwd=REPO, timeout=60,
+                        env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert rc.returncode == 0, rc.stderr
+    again = json.loads(rc.stdout)
+    assert again["recorded"] == 5 and again["capacity"]["schedulers"] == data["capacity"]["schedulers"]
+
+
 SPLITWISE = REPO / "cases" / "splitwise_conv_1000.toml"
 
 

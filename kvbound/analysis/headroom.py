@@ -39,8 +39,9 @@ import math
 import time
 from collections.abc import Callable
 from contextlib import closing
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from functools import partial
+from pathlib import Path
 
 from .. import interrupt
 from ..alone import time_alone
@@ -55,6 +56,7 @@ from ..workload import Instance
 from .capacity_bound import capacity_upper_bound
 from .capacity import LIMIT, base_rate, capacity, latency_capacity, scale_arrivals
 from .compare import COMPLETE, INTERRUPTED, OPTIMAL, TIME_LIMIT, compare, resolve_schedulers
+from .record import UnitRecord
 from .slo_bound import alone_attainable, slo_attainment_upper_bound
 
 #: the schedulers compared when none are named (those in the registry)
@@ -63,7 +65,7 @@ DEFAULT_SCHEDULERS = ("vllm-v1", "sarathi", "larry", "srpt")
 HEADROOM_OBJECTIVES = ("mean_latency", "mean_ttft")
 #: the keys of `--json` (a contract: extend, don't rename), in order; the point's and the row's keys
 #: marked "slo" appear only with an SLO
-TOP_KEYS = ("objective", "points", "capacity", "base_rate", "slo", "time_limit", "seconds", "status")
+TOP_KEYS = ("objective", "points", "capacity", "base_rate", "slo", "time_limit", "seconds", "status", "recorded")
 POINT_KEYS = ("rate_factor", "lower_bound", "bound_certified", "best", "slo_attainment_upper_bound", "rows",
               "requests_per_second", "bound_source", "best_source", "status", "seconds")
 ROW_KEYS = ("scheduler", "mean_latency", "mean_ttft", "p50_ttft", "p95_ttft", "p99_ttft", "mean_tbt",
@@ -126,6 +128,7 @@ class HeadroomResult:
     capacity_upper_bound: float | None = None
     capacity_upper_bound_note: str = ""  # how the factor is certified, or why it is None
     status: str = COMPLETE
+    recorded: int = 0  # units taken from the folder `out` (finished by an earlier run), not computed again
 
     def to_json(self) -> dict:
         with_slo = self.slo is not None
@@ -135,7 +138,8 @@ class HeadroomResult:
                "notes": dict(self.capacity_notes)}
         return {"objective": self.objective, "points": [p.to_json(with_slo) for p in self.points], "capacity": cap,
                 "base_rate": self.base_rate, "slo": str(self.slo) if with_slo else None,
-                "time_limit": self.time_limit, "seconds": self.seconds, "status": self.status}
+                "time_limit": self.time_limit, "seconds": self.seconds, "status": self.status,
+                "recorded": self.recorded}
 
     def to_markdown(self) -> str:
         """One table: per rate factor, each scheduler's objective, the best found and the bound."""
@@ -269,7 +273,7 @@ def headroom(instance: Instance, rates, schedulers=DEFAULT_SCHEDULERS, *, object
              slo: Slo | None = None, attainment: float = 0.7, within: float = DEFAULT_WITHIN,
              time_limit: float | None = DEFAULT_TIME_LIMIT, options: SolveOptions | None = None,
              workers: int | None = None, backend: str = "local", address: str | None = None,
-             progress: Callable[[str], None] | None = None) -> HeadroomResult:
+             progress: Callable[[str], None] | None = None, out: str | Path | None = None) -> HeadroomResult:
     """The headroom of `instance` at each rate factor in `rates` (see the module docstring).
 
     `schedulers`: a list or comma string of scheduler specs (default DEFAULT_SCHEDULERS); `options`:
@@ -279,6 +283,11 @@ def headroom(instance: Instance, rates, schedulers=DEFAULT_SCHEDULERS, *, object
     process), or "ray", Ray tasks on the cluster at `address` or on a local Ray of `workers` CPUs; the
     points' own solves run their units there too (`options.units`). `progress(label)` is called as
     each unit (a capacity search, a rate point) ends.
+
+    `out`: a folder that keeps each unit as it finishes (kvbound.analysis.record): a unit recorded
+    there by an earlier call with the same case and settings is taken from it, not computed again,
+    and the time limit is shared by the units left. A unit cut short (by the time limit or an
+    interrupt: a capacity search not found, a bound not computed, a point not complete) is not kept.
     """
     t0 = time.perf_counter()
     deadline = Deadline(time_limit)
@@ -307,25 +316,44 @@ def headroom(instance: Instance, rates, schedulers=DEFAULT_SCHEDULERS, *, object
     points: dict[float, HeadroomPoint] = {}
     status = COMPLETE
     upper, upper_note = None, None
+    record = UnitRecord(out, instance) if out is not None else None
+    keys = _UnitKeys(record, objective, slo, attainment, within, names, options)
+
+    def capacity_found(name: str, factor: float | None, note: str) -> None:
+        caps[name] = factor
+        if note:
+            notes[name] = note
+        if progress:
+            progress(f"capacity {name}")
+
+    def point_found(factor: float, point: HeadroomPoint) -> None:
+        points[factor] = point
+        if progress:
+            progress(f"rate factor {factor:g}")
+
     try:
         with runner.session():  # one Ray (where named) for both groups of units
             cap_deadline = work.share(CAPACITY_SHARE)
-            upper, upper_note = run_capacity_bound(instance, objective, None if slo is not None else within,
-                                                   cap_deadline.remaining())
-            searches = _shared(runner, cap_deadline, run_capacity, instance, names, objective, slo, attainment, within)
+            upper, upper_note = keys.recorded(keys.upper_bound()) or (None, None)
+            if upper_note is None:
+                upper, upper_note = run_capacity_bound(instance, objective, None if slo is not None else within,
+                                                       cap_deadline.remaining())
+                if not upper_note.startswith("not computed"):
+                    keys.keep("capacity bound", keys.upper_bound(), [upper, upper_note])
+            todo = keys.not_recorded(names, keys.capacity, lambda name, found: capacity_found(name, *found))
+            searches = _shared(runner, cap_deadline, run_capacity, instance, todo, objective, slo, attainment, within)
             with closing(searches):
                 for k, (factor, note) in searches:
-                    caps[names[k]] = factor
-                    if note:
-                        notes[names[k]] = note
-                    if progress:
-                        progress(f"capacity {names[k]}")
-            rate_points = _shared(runner, work, run_point, instance, factors, names, options, slo)
+                    if not note.startswith("not found"):
+                        keys.keep(f"capacity {todo[k]}", keys.capacity(todo[k]), [factor, note])
+                    capacity_found(todo[k], factor, note)
+            todo = keys.not_recorded(factors, keys.point, lambda f, found: point_found(f, HeadroomPoint(**found)))
+            rate_points = _shared(runner, work, run_point, instance, todo, names, options, slo)
             with closing(rate_points):
                 for k, point in rate_points:
-                    points[factors[k]] = point
-                    if progress:
-                        progress(f"rate factor {factors[k]:g}")
+                    if point.status == COMPLETE:
+                        keys.keep(f"rate factor {todo[k]!r}", keys.point(todo[k]), asdict(point))
+                    point_found(todo[k], point)
     except Stopped:
         if interrupt.requested() is None:
             raise
@@ -342,7 +370,48 @@ def headroom(instance: Instance, rates, schedulers=DEFAULT_SCHEDULERS, *, object
     return HeadroomResult(objective, [points[f] for f in factors if f in points], names,
                           {s: caps[s] for s in names}, definition, rate, slo, time_limit,
                           round(time.perf_counter() - t0, 3), {s: notes[s] for s in names if s in notes}, upper, upper_note,
-                          status)
+                          status, record.reused if record is not None else 0)
+
+
+class _UnitKeys:
+    """The keys of headroom's units in a `UnitRecord` (what determines each unit's result), and the record
+    itself; without a record nothing is found or kept."""
+
+    def __init__(self, record: UnitRecord | None, objective: str, slo: Slo | None, attainment: float, within: float,
+                 names: list[str], options: SolveOptions):
+        self.record = record
+        self.base = {"objective": objective, "slo": str(slo) if slo is not None else None}
+        self.target = {"attainment": attainment} if slo is not None else {"within": within}
+        self.names = names
+        self.solve = {k: repr(getattr(options, k)) for k in ("backend", "formulation", "warm_start", "horizon",
+                                                            "constraints", "skip_proven")}
+
+    def upper_bound(self) -> dict:
+        return {"unit": "capacity bound", **self.base, **self.target}
+
+    def capacity(self, name: str) -> dict:
+        return {"unit": "capacity", "scheduler": name, **self.base, **self.target}
+
+    def point(self, factor: float) -> dict:
+        return {"unit": "rate point", "rate_factor": factor, "schedulers": self.names, **self.base, **self.solve}
+
+    def recorded(self, settings: dict):
+        return None if self.record is None else self.record.get(self.record.key(**settings))
+
+    def not_recorded(self, items: list, settings: Callable, found: Callable) -> list:
+        """The items whose unit (`settings(item)`) is not recorded; `found(item, result)` for the others."""
+        todo = []
+        for item in items:
+            result = self.recorded(settings(item))
+            if result is None:
+                todo.append(item)
+            else:
+                found(item, result)
+        return todo
+
+    def keep(self, unit: str, settings: dict, result) -> None:
+        if self.record is not None:
+            self.record.put(unit, self.record.key(**settings), result)
 
 
 def _shared(runner: UnitRunner, deadline: Deadline, fn: Callable, instance: Instance, keys: list, *rest):

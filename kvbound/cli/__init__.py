@@ -42,7 +42,7 @@ OUT_SUFFIXES = {("simulate", "out"): (".json",), ("solve", "out"): (".json",), (
                 ("calibrate", "out"): (".toml",), ("calibrate", "plot"): IMAGE, ("replay", "plot"): IMAGE,
                 ("headroom", "plot"): IMAGE}
 #: arguments naming a folder rather than a file
-OUT_FOLDERS = {("sweep", "out")}
+OUT_FOLDERS = {("sweep", "out"), ("headroom", "out")}
 #: command -> (argument, what it is) for each file it reads; no output may be one of them
 IN_FILES = {"simulate": (("case", "case file"),), "validate": (("case", "case file"), ("schedule", "schedule")),
             "solve": (("case", "case file"),), "bound": (("case", "case file"),), "prove": (("case", "case file"),),

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 from .. import interrupt
+from ..fileio import write_user_json
 from ..io.cases import load_case
 from .args import add_backend, add_slo, add_time_limit, add_units, number
 
@@ -40,6 +42,11 @@ def register(sub) -> None:
     add_time_limit(p, "seconds for the whole command, shared by the capacity searches and the rate points")
     add_backend(p)
     add_units(p, "where the capacity searches and the rate points run")
+    p.add_argument("--out", metavar="DIR",
+                   help="a folder that keeps each unit as it finishes (DIR/units.csv) and the result (DIR/headroom.json): "
+                        "run again with the same folder, after Ctrl-C or with more rate factors or schedulers, and "
+                        "the units already there for the same case and settings are taken from it, the time limit "
+                        "shared by the rest (a unit cut short by the time limit is not kept)")
     p.add_argument("--plot", metavar="OUT.png", help="also draw the curves (.png, .svg or .pdf)")
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="print one JSON object")
@@ -69,13 +76,16 @@ def cmd_headroom(args) -> int:
         result = headroom(instance, rates, args.schedulers, objective=args.objective, slo=args.slo,
                           attainment=args.attainment, within=args.within, time_limit=args.time_limit,
                           options=solve_options(args), workers=args.workers, backend=args.backend,
-                          address=args.address, progress=progress)
+                          address=args.address, progress=progress, out=args.out)
     with interrupt.deferred():  # what is finished is printed, whatever comes now (main: exit 130)
+        if args.out:
+            write_user_json(Path(args.out) / "headroom.json", result.to_json())
         if args.json:
             print(json.dumps(result.to_json()), flush=True)
         else:
+            recorded = f"; {result.recorded} units taken from {args.out}" if result.recorded else ""
             print(f"{instance.name or args.case}, {len(instance)} requests, {result.base_rate:.4g} requests/s "
-                  f"at rate factor 1; {result.seconds:.1f} s")
+                  f"at rate factor 1; {result.seconds:.1f} s{recorded}")
             print(result.to_markdown(), flush=True)
         if args.plot:
             plot_headroom(result, args.plot, title=f"{instance.name or args.case}: "
