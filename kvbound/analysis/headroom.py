@@ -155,8 +155,9 @@ class HeadroomResult:
             lines.append("| " + " | ".join([f"{p.rate_factor:g}", f"{p.requests_per_second:.3g}", *vals,
                                             _num(p.best), lb, gap]) + " |")
         caps = ", ".join(f"{s} {_num(f)}" for s, f in self.capacity.items())
-        lines += ["", f"capacity ({self.capacity_definition}): {caps or 'none'}; certified upper bound: "
-                      f"{_num(self.capacity_upper_bound) if self.capacity_upper_bound is not None else 'not computed'}"]
+        upper = (_num(self.capacity_upper_bound) if self.capacity_upper_bound is not None
+                 else f"none ({self.capacity_upper_bound_note})" if self.capacity_upper_bound_note else "not computed")
+        lines += ["", f"capacity ({self.capacity_definition}): {caps or 'none'}; certified upper bound: {upper}"]
         return "\n".join(lines)
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import itertools
 from collections import deque
 from dataclasses import dataclass
-from operator import add, itemgetter
+from operator import itemgetter
 
 import numpy as np
 
@@ -303,18 +303,19 @@ class UnifiedScheduler(Policy):
         """Whether the decode-type running requests `ids` (c = 1 each, none evicted) all keep their
         reservations within M; if so, reserve for them: each grows its reservation to S (= m + 1),
         as one at a time would, and none can push a later one over M since none shrinks."""
-        reserved = self.reserved
+        reserved, b = self.reserved, self.b
         prompt, n = st.prompt, st.n
-        old = list(map(reserved.__getitem__, ids))
-        new = list(map(max, old, map(add, map(prompt.__getitem__, ids), map(n.__getitem__, ids))))
-        if self.b == 1:
-            extra = sum(new) - sum(old)
-        else:
-            blocks = self.blocks
-            extra = sum(map(blocks, new)) - sum(map(blocks, old))
+        grown = {}  # the reservations that grow, to S
+        extra = 0  # their growth in blocks-rounded tokens (`blocks`, written out: one loop, no call a request)
+        for i in ids:
+            S = prompt[i] + n[i]
+            old = reserved[i]
+            if S > old:
+                grown[i] = S
+                extra += S - old if b == 1 else (-(-S // b) + old // -b) * b
         if self.kv_reserved + extra > self.M:
             return False
-        reserved.update(zip(ids, new))
+        reserved.update(grown)
         self.kv_reserved += extra
         return True
 
