@@ -38,7 +38,7 @@ MEAN = ("mean_latency", "mean_ttft")
 
 params_st = st.builds(BurstParams, first_tokens=st.booleans(), group=st.sampled_from([None, 1, 2]),
                       wait=st.sampled_from([0.0, 0.5, 2.0]), refill=st.booleans(), fill=st.booleans(),
-                      reserve=st.booleans())
+                      reserve=st.booleans(), shortest_left=st.booleans())
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])

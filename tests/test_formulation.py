@@ -603,6 +603,41 @@ def test_own_intercepts_beside_one_machine_of_work_never_exceed_the_brute_force_
     assert bound <= brute_force(inst, objective).value * (1 + 1e-9) + 1e-12
 
 
+def test_first_prefills_in_batches_is_the_optimum_where_decodes_wait():
+    # three prompts 4, 1, 2 at 0, 1 s intercept, 0.25 s a token: shortest first, the first two together
+    # (1.75 s each) then the third (3.75 s) is the best grouping (7.25 s); every other analytic bound
+    # prices the intercepts one request at a time. With outputs of 2-3 and M = 7, C = P = 4 the
+    # optimum keeps its first tokens (the decodes come after), and so does the bound
+    from kvbound.bounds.analytic import first_prefill_batches
+
+    cost = CostModel(intercept=1.0, per_token=0.25, decode_kv=0.125)
+    for outputs, system in (((1, 1, 1), SystemConfig(16, 8, 8, 1)), ((2, 3, 2), SystemConfig(7, 4, 4, 1))):
+        inst = Instance(tuple(Request(i, o) for i, o in zip((4, 1, 2), outputs)), system, cost)
+        assert first_prefill_batches(inst) == pytest.approx(7.25 / 3)
+        assert brute_force(inst, Objective.MEAN_TTFT).value == pytest.approx(7.25 / 3)
+        bounds = {b.name: b.value for b in analytic_bounds(inst, Objective.MEAN_TTFT)}
+        new = bounds.pop("first prefills in batches, shortest first, each batch waited for by every request "
+                         "without its first token")
+        assert new == pytest.approx(7.25 / 3) and new > max(bounds.values()) + 0.2
+    assert "first prefills in batches" not in " ".join(
+        b.name for b in analytic_bounds(Instance((Request(1, 1), Request(1, 1, 1.0)), SystemConfig(4, 4, 4, 1), cost),
+                                        Objective.MEAN_TTFT))  # only where every request arrives together
+
+
+@settings(max_examples=150, deadline=None)
+@given(inst=instances(min_requests=1, max_requests=4, max_prompt=5, max_output=3, arrivals=False),
+       shift=st.sampled_from([0.0, 0.0, 1.5]))
+def test_first_prefills_in_batches_never_exceed_the_brute_force_optimum(inst, shift):
+    """Tight M, blocks, C and P below the prompts (chunks), every cost model, all at 0 or all at one later time."""
+    from kvbound.bounds.analytic import first_prefill_batches
+
+    inst = Instance(tuple(Request(r.prompt, r.output, shift) for r in inst.requests), inst.system, inst.cost)
+    bound = first_prefill_batches(inst)
+    alone = float(time_alone(inst, Objective.MEAN_TTFT).mean())
+    assert bound >= alone * (1 - 1e-12) - 1e-12
+    assert bound <= brute_force(inst, Objective.MEAN_TTFT).value * (1 + 1e-9) + 1e-12
+
+
 def test_shortest_remaining_time_first_on_one_machine():
     from kvbound.bounds.analytic import srpt_completions
 

@@ -7,6 +7,8 @@ Analytic bounds (docs/formulation.md, "Bounds"):
 * per request: request i alone needs its fewest batches after its arrival, and its own work.
 * release: for every arrival time t, t plus the batch bound and the work of the requests
   arriving at t or later (`release_bound`).
+* mean TTFT, every request arriving together: the first prefills on one batching machine, shortest
+  first in groups (`first_prefill_batches`).
 * mean objectives: the k-th completion against capacity shares (`completion_order_bounds`), one
   preemptive machine (`one_machine_completions`), each request's own intercepts beside one machine of
   every request's work (`own_intercepts_and_work_machine`) and the pairwise work waits
@@ -71,6 +73,9 @@ def analytic_bounds(instance: Instance, objective: Objective) -> list[Bound]:
     out.append(Bound("k-th first token >= k smallest capacity shares + prefill work" if first else
                      "k-th completion >= k smallest capacity shares + work",
                      float(ordered.sum() - instance.arrivals.sum()) / len(instance), time.perf_counter() - t0))
+    if first and len(instance) and float(np.ptp(instance.arrivals)) == 0.0:
+        out.append(Bound("first prefills in batches, shortest first, each batch waited for by every request "
+                         "without its first token", first_prefill_batches(instance), time.perf_counter() - t0))
     if not instance.offline:  # all at once it is the shares bound above
         out.append(Bound("one machine, shortest remaining prefill share first, and each prefill alone" if first else
                          "one machine, shortest remaining share first, and each request alone",
@@ -408,6 +413,51 @@ def release_times(arrivals: np.ndarray) -> np.ndarray:
     if len(times) > RELEASE_TIMES:
         times = np.unique(np.quantile(times, np.linspace(0.0, 1.0, RELEASE_TIMES), method="lower"))
     return times
+
+
+#: `first_prefill_batches` follows a group's real batch index at most this far above the least its prefix needs
+SLACK_KEPT = 16
+
+
+def first_prefill_batches(instance: Instance) -> float:
+    """A lower bound on the mean TTFT where every request arrives at the same time: the first prefills
+    as jobs of one batching machine (s-batching), shortest first, grouped by a dynamic programme.
+
+    In any schedule, the requests whose first token comes in the same batch form a group, and the
+    k-th such batch is the r_k-th batch that processes tokens. It ends no earlier than k0 r_k plus the
+    least first-prefill work (`alone.first_prefill_work`) of every request with its first token by
+    then (all their prompt tokens were processed in those batches; decodes and refills only add).
+    And r_k >= r_{k-1} + 1, r_k >= ceil(tokens of those prompts / min(C, P)) and r_k >= ceil(I / min(C, P))
+    for each request in the group. Over groups and indices obeying only these rules, giving a shorter
+    prompt's request an earlier group never breaks one (its prefix holds fewer tokens, its own I is
+    smaller) and never delays a first token (its least work is no larger), so some best relaxed
+    schedule takes the requests shortest prompt first in consecutive groups, each at the least index
+    the rules allow: a dynamic programme over (requests done, slack of r over what the prefix needs).
+    Slack above SLACK_KEPT counts as SLACK_KEPT (a smaller index: still a relaxation). With k0 and
+    linear work this is Coffman et al.'s optimal s-batching of identical-setup jobs; docs/formulation.md,
+    "Bounds". Seconds over requests; 0 without requests."""
+    n = len(instance)
+    if not n:
+        return 0.0
+    cost = instance.cost
+    k0 = cost.intercept
+    prompts = np.sort(instance.prompts.astype(np.int64))
+    chunk = largest_chunk(instance)
+    done_work = np.r_[0.0, np.cumsum(first_prefill_work(prompts, cost, chunk))]
+    tokens = np.r_[0, np.cumsum(prompts)]
+    need = np.maximum(-(-tokens // chunk), np.r_[0, -(-prompts // chunk)])  # least index of a group ending at e
+    kept = min(SLACK_KEPT, n)
+    least = np.full((n + 1, kept + 1), np.inf)  # [e, s]: least sum of first-token times of the e shortest,
+    least[0, 0] = 0.0                           # their last group at index need[e] + s
+    for e in range(n):
+        ends = np.arange(e + 1, n + 1)
+        floor = need[ends]
+        for slack in np.flatnonzero(np.isfinite(least[e])):
+            index = np.maximum(need[e] + slack + 1, floor)
+            slack_to = np.minimum(index - floor, kept)
+            total = least[e, slack] + (ends - e) * (k0 * (floor + slack_to) + done_work[ends])
+            least[ends, slack_to] = np.minimum(least[ends, slack_to], total)
+    return float(least[n].min()) / n
 
 
 def completion_order_bounds(instance: Instance, objective: Objective, steps: int = 11, shares=None) -> np.ndarray:

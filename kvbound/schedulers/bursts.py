@@ -3,9 +3,11 @@ the ground-truth set do and the work-conserving schedulers do not (bench/results
 item 4: schedules"):
 
 * **first tokens first** (mean TTFT): batches hold only first prefills, the shortest in the order
-  first, each batch filled to its token budget with a chunk of the next; a request that has its
-  first token is evicted when the KV it holds is needed (it changes no first token) and decodes wait
-  until every first token is out, where `complete_schedule` finishes the requests;
+  first (or, `shortest_left`, the least prompt still to process first, as shortest remaining processing
+  time does), each batch filled to its token budget with a chunk of the next (or, without `fill`,
+  whole prompts only, a chunk only alone); a request that has its first token is evicted when the KV
+  it holds is needed (it changes no first token) and decodes wait until every first token is out,
+  where `complete_schedule` finishes the requests;
 * **waiting for a burst**: with arrival times, a batch may start later, at the next arrival, so that
   the new request joins it instead of waiting a whole batch (the intercept) for the next one;
 * **groups**: at most `group` requests admitted and unfinished at once, each admitted only while the
@@ -47,7 +49,9 @@ class BurstParams:
     instead of decode where cheaper; fill: a new prefill may be a chunk that fills the batch's budget;
     reserve: admit a request only while the peaks of the admitted ones fit in M (never evicts), else
     while the batch's KV fits, evicting the latest admitted requests in the order where one that comes
-    before them in it needs the room."""
+    before them in it needs the room; shortest_left (first-tokens mode): the least uncached prompt first
+    (ties: the order), and without `fill` no chunk that leaves a prompt unfinished beside others (a
+    started one's included)."""
 
     first_tokens: bool = False
     group: int | None = None
@@ -55,6 +59,7 @@ class BurstParams:
     refill: bool = False
     fill: bool = True
     reserve: bool = True
+    shortest_left: bool = False
 
     def label(self) -> str:
         parts = ["first-tokens" if self.first_tokens else f"group={self.group or 'M'}"]
@@ -66,6 +71,8 @@ class BurstParams:
             parts.append("no-fill")
         if not self.reserve:
             parts.append("greedy-kv")
+        if self.shortest_left:
+            parts.append("shortest-left")
         return "burst(" + ",".join(parts) + ")"
 
 
@@ -232,13 +239,17 @@ class _Builder:
         kv = st.kv_used
         victim = len(self.holders)  # first tokens out, KV held: the latest in the order evicted first
         skipped = 0
-        for _, i in self.waiting:
+        queue = self.waiting
+        if self.p.shortest_left:  # the least prompt left first (ties: the order), not the order alone
+            prompt, m = st.prompt, st.m
+            queue = sorted(queue, key=lambda w: (prompt[w[1]] - m[w[1]], w[0]))
+        for _, i in queue:
             if len(tokens) >= self.cap or tok >= min(self.C, self.P) or skipped > SCAN:
                 break
             m = st.m[i]
             rem = st.prompt[i] - m
             c = min(rem, self.C - tok, self.P - tok)
-            if c < rem and (not self.chunk_ok or (not self.p.fill and m == 0 and tokens)):
+            if c < rem and (not self.chunk_ok or (not self.p.fill and (m == 0 or self.p.shortest_left) and tokens)):
                 skipped += 1
                 continue
             grow = self._blocks(m + c) - self._blocks(m)

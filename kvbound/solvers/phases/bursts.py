@@ -89,7 +89,10 @@ class Bursts:
         orders = self._orders()
         waits = (0.0, 0.5, 1.0) if np.ptp(inst.arrivals) > 0 else (0.0,)
         refills = (False, True) if refill_pays(inst) else (False,)
-        modes = [BurstParams(first_tokens=True, wait=w, fill=f) for w in waits for f in (True, False)] if ttft else []
+        # for TTFT first: the least prompt left first, whole prompts only (the best of these on Splitwise code
+        # with arrivals), then the order's own
+        modes = ([BurstParams(first_tokens=True, wait=w, fill=False, shortest_left=True) for w in waits]
+                 + [BurstParams(first_tokens=True, wait=w, fill=f) for w in waits for f in (True, False)]) if ttft else []
         modes += [BurstParams(wait=w, reserve=rs, refill=rf, fill=f)
                   for rs in (True, False) for w in waits for rf in refills for f in (True, False)]
         if not ttft:
@@ -151,7 +154,7 @@ class Bursts:
             i, j = rng.randrange(n), rng.randrange(n)
             new[i], new[j] = keys[j], keys[i]
             return new, params
-        field = rng.choice(("wait", "group", "fill", "reserve", "refill", "first_tokens"))
+        field = rng.choice(("wait", "group", "fill", "reserve", "refill", "first_tokens", "shortest_left"))
         if field == "wait":
             return keys, replace(params, wait=rng.choice(WAITS))
         if field == "group":
