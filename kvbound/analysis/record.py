@@ -23,6 +23,9 @@ FILE_NAME = "units.csv"
 
 
 class UnitRecord:
+    """The units recorded in `folder` for `instance`'s case (the folder is made if missing): `get` a
+    finished unit's result by its `key`, `put` one as it finishes; `reused` counts the results taken."""
+
     def __init__(self, folder: str | Path, instance: Instance):
         self.folder = Path(folder)
         if self.folder.exists() and not self.folder.is_dir():
