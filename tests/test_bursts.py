@@ -60,6 +60,43 @@ def test_burst_schedules_are_valid_meet_constraints_and_never_beat_the_oracle(in
     assert value >= oracle.value * (1 - REL) - 1e-12, (value, oracle.value, params)
 
 
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(inst=instances(max_requests=4, arrivals=False), no_evict=st.booleans(), no_chunk=st.booleans(),
+       cap=st.sampled_from([None, 1, 2]))
+def test_the_ttft_bounds_groups_make_valid_schedules_between_the_bound_and_the_oracle(inst, no_evict, no_chunk, cap):
+    from kvbound.bounds.analytic import first_prefill_batches, first_prefill_groups
+    from kvbound.schedulers.bursts import build_prefill_groups
+
+    cons = Constraints(no_evict=no_evict, no_chunk=no_chunk, max_batch_size=cap)
+    _, groups = first_prefill_groups(inst)
+    assert sorted(i for g in groups for i in g) == list(range(len(inst)))
+    schedule = build_prefill_groups(inst, groups, cons)
+    if schedule is None:
+        assert no_evict or no_chunk, "without those constraints the groups always make a schedule"
+        return
+    ttft = validate(inst, schedule).metrics.mean_ttft  # raises on any broken rule
+    assert cons.admit(inst, schedule)
+    oracle = brute_force(inst, Objective.MEAN_TTFT, allow_evict=not no_evict, max_batch_size=cap)
+    assert ttft >= oracle.value * (1 - REL) - 1e-12
+    assert first_prefill_batches(inst) <= oracle.value * (1 + REL) + 1e-12
+
+
+def test_where_every_group_fits_one_batch_the_groups_schedule_is_optimal():
+    # prompts 4, 1, 2 at 0 (outputs 2, 3, 2), M = 7, C = P = 4: the bound's groups {1, 2} then {4} each
+    # fit one batch (the first group's KV, 3 tokens, beside the second's 4), so the schedule meets the
+    # bound: 7.25 / 3 s, the brute-force optimum
+    from kvbound import CostModel, Instance, Request, SystemConfig
+    from kvbound.bounds.analytic import first_prefill_batches, first_prefill_groups
+    from kvbound.schedulers.bursts import build_prefill_groups
+
+    inst = Instance((Request(4, 2), Request(1, 3), Request(2, 2)), SystemConfig(7, 4, 4, 1),
+                    CostModel(intercept=1.0, per_token=0.25, decode_kv=0.125))
+    value, groups = first_prefill_groups(inst)
+    assert groups == [[1, 2], [0]] and value == pytest.approx(7.25)
+    ttft = validate(inst, build_prefill_groups(inst, groups)).metrics.mean_ttft
+    assert ttft == pytest.approx(first_prefill_batches(inst)) == pytest.approx(brute_force(inst, Objective.MEAN_TTFT).value)
+
+
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(inst=instances(max_requests=3), objective=st.sampled_from(MEAN))
 def test_the_phase_offers_validated_schedules_never_below_the_oracle(inst, objective):

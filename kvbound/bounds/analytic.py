@@ -436,12 +436,21 @@ def first_prefill_batches(instance: Instance) -> float:
     Slack above SLACK_KEPT counts as SLACK_KEPT (a smaller index: still a relaxation). With k0 and
     linear work this is Coffman et al.'s optimal s-batching of identical-setup jobs; docs/formulation.md,
     "Bounds". Seconds over requests; 0 without requests."""
+    total, _ = first_prefill_groups(instance)
+    return total / len(instance) if len(instance) else 0.0
+
+
+def first_prefill_groups(instance: Instance) -> tuple[float, list[list[int]]]:
+    """`first_prefill_batches`' dynamic programme: (the least sum of first-token times, from the common
+    arrival, of its relaxation; the groups of a best relaxed schedule, request ids, shortest prompt
+    first). The burst search builds a schedule from the groups (`schedulers.bursts.build_prefill_groups`)."""
     n = len(instance)
     if not n:
-        return 0.0
+        return 0.0, []
     cost = instance.cost
     k0 = cost.intercept
-    prompts = np.sort(instance.prompts.astype(np.int64))
+    order = np.argsort(instance.prompts, kind="stable")
+    prompts = instance.prompts[order].astype(np.int64)
     chunk = largest_chunk(instance)
     done_work = np.r_[0.0, np.cumsum(first_prefill_work(prompts, cost, chunk))]
     tokens = np.r_[0, np.cumsum(prompts)]
@@ -449,6 +458,7 @@ def first_prefill_batches(instance: Instance) -> float:
     kept = min(SLACK_KEPT, n)
     least = np.full((n + 1, kept + 1), np.inf)  # [e, s]: least sum of first-token times of the e shortest,
     least[0, 0] = 0.0                           # their last group at index need[e] + s
+    came_from = np.zeros((n + 1, kept + 1, 2), dtype=np.int64)  # the (e, s) each best value came from
     for e in range(n):
         ends = np.arange(e + 1, n + 1)
         floor = need[ends]
@@ -456,8 +466,17 @@ def first_prefill_batches(instance: Instance) -> float:
             index = np.maximum(need[e] + slack + 1, floor)
             slack_to = np.minimum(index - floor, kept)
             total = least[e, slack] + (ends - e) * (k0 * (floor + slack_to) + done_work[ends])
-            least[ends, slack_to] = np.minimum(least[ends, slack_to], total)
-    return float(least[n].min()) / n
+            better = total < least[ends, slack_to]
+            least[ends[better], slack_to[better]] = total[better]
+            came_from[ends[better], slack_to[better]] = (e, slack)
+    e, slack = n, int(np.argmin(least[n]))
+    value = float(least[n, slack])
+    groups = []
+    while e > 0:
+        before, slack = came_from[e, slack]
+        groups.append([int(i) for i in order[before:e]])
+        e = int(before)
+    return value, groups[::-1]
 
 
 def completion_order_bounds(instance: Instance, objective: Objective, steps: int = 11, shares=None) -> np.ndarray:

@@ -408,4 +408,58 @@ def build_burst(instance: Instance, keys, params: BurstParams, constraints: Cons
         raise RuntimeError(f"burst builder produced an invalid batch: {exc}") from exc
 
 
-__all__ = ["BurstParams", "build_burst", "refill_pays"]
+def build_prefill_groups(instance: Instance, groups: list[list[int]],
+                         constraints: Constraints = Constraints()) -> Schedule | None:
+    """First tokens in `groups` (request ids, in order): each group's prompts whole in one batch
+    where they fit min(C, P) and the batch-size cap, else in as few batches as fit, in the group's
+    order; a request with its first token is evicted (the latest made first) when a prompt needs the
+    KV, decodes wait; then `complete_schedule` finishes every request. The groups of the mean-TTFT
+    batching bound (`bounds.analytic.first_prefill_groups`) make a schedule whose first tokens come
+    as that bound's relaxation has them where no group needs more than one batch. None where
+    `constraints` forbid it (no chunks and a prompt over min(C, P); no evictions and KV that does
+    not fit; no hybrid batches or an admission order: the groups set both)."""
+    if constraints.no_hybrid or constraints.admission_order is not None:
+        return None
+    st = ReplayState(instance)
+    s = instance.system
+    budget, cap = min(s.max_batch_tokens, s.max_prefill_tokens), constraints.max_batch_size or len(instance)
+    batches: list[Batch] = []
+    holders: list[int] = []  # first token out, KV held: the latest evicted first
+    for group in groups:
+        left = {i: st.prompt[i] for i in group}
+        while left:
+            tokens, room = {}, budget
+            for i, rem in left.items():
+                if room <= 0 or len(tokens) >= cap:
+                    break
+                c = min(rem, room)
+                if c < rem and constraints.no_chunk:
+                    if tokens:
+                        break
+                    return None
+                tokens[i] = c
+                room -= c
+            grow = sum(s.blocks(st.m[i] + c) - s.blocks(st.m[i]) for i, c in tokens.items())
+            kv, evict = st.kv_used, []
+            while kv + grow > s.kv_capacity and holders and not constraints.no_evict:
+                h = holders.pop()
+                evict.append(h)
+                kv -= s.blocks(st.m[h])
+            if kv + grow > s.kv_capacity:
+                return None
+            batch = Batch(tokens, tuple(evict))
+            try:
+                st.apply(batch)
+            except ScheduleError as exc:  # a builder bug, not bad input: say so plainly
+                raise RuntimeError(f"prefill-group builder produced an invalid batch: {exc}") from exc
+            batches.append(batch)
+            for i, c in tokens.items():
+                left[i] -= c
+                if not left[i]:
+                    del left[i]
+                    if not st.finished[i]:
+                        holders.append(i)
+    return complete_schedule(instance, batches, constraints)
+
+
+__all__ = ["BurstParams", "build_burst", "build_prefill_groups", "refill_pays"]

@@ -20,7 +20,8 @@ from ... import progress
 from ...interrupt import Stopped
 from ...alone import time_alone
 from ...schedule import validate
-from ...schedulers.bursts import BurstParams, build_burst, refill_pays
+from ...bounds.analytic import first_prefill_groups
+from ...schedulers.bursts import BurstParams, build_burst, build_prefill_groups, refill_pays
 from .patterns import admission_keys, search_seeds
 
 #: share of the time left the starting grid may take (it stops earlier once every start is built)
@@ -60,6 +61,7 @@ class Bursts:
         progress.report(phase=self.name)
         deadline = ledger.deadline.share(self.share)
         try:
+            self._prefill_groups(deadline)
             for keys, params in self._starts():
                 if deadline.expired():
                     break
@@ -105,6 +107,23 @@ class Bursts:
                 yield keys, params
 
     # ------------------------------------------------------------------ building
+    def _prefill_groups(self, deadline) -> None:
+        """Mean TTFT with every request arriving together: the schedule of the batching bound's groups
+        (`analytic.first_prefill_groups`), offered where it beats the best."""
+        ledger = self.ledger
+        inst = ledger.instance
+        if not ledger.objective.first_token or np.ptp(inst.arrivals) > 0:
+            return
+        with deadline.enforced():
+            schedule = build_prefill_groups(inst, first_prefill_groups(inst)[1], ledger.constraints)
+        self.built += 1
+        if schedule is None:
+            return
+        metrics = validate(inst, schedule).metrics
+        value = ledger.objective.of(metrics)
+        if value < ledger.best_value * (1 - 1e-12) and ledger.offer(schedule, "prefill groups", metrics):
+            self.kept += 1
+
     def _try(self, keys, params: BurstParams, deadline) -> float:
         ledger = self.ledger
         with deadline.enforced():
