@@ -417,7 +417,8 @@ def build_prefill_groups(instance: Instance, groups: list[list[int]],
     batching bound (`bounds.analytic.first_prefill_groups`) make a schedule whose first tokens come
     as that bound's relaxation has them where no group needs more than one batch. None where
     `constraints` forbid it (no chunks and a prompt over min(C, P); no evictions and KV that does
-    not fit; no hybrid batches or an admission order: the groups set both)."""
+    not fit; an admission order, as the groups set their own) or were not tried with it (no hybrid
+    batches, as `build_burst`)."""
     if constraints.no_hybrid or constraints.admission_order is not None:
         return None
     st = ReplayState(instance)
