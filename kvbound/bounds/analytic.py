@@ -428,9 +428,10 @@ def first_prefill_batches(instance: Instance) -> float:
     least first-prefill work (`alone.first_prefill_work`) of every request with its first token by
     then (all their prompt tokens were processed in those batches; decodes and refills only add).
     And r_k >= r_{k-1} + 1, r_k >= ceil(tokens of those prompts / min(C, P)) and r_k >= ceil(I / min(C, P))
-    for each request in the group. Over groups and indices obeying only these rules, giving a shorter
+    for each request in the group; a group holds no more requests than the smallest prompts fit in M
+    (after its batch each member holds its prompt). Over groups and indices obeying only these rules, giving a shorter
     prompt's request an earlier group never breaks one (its prefix holds fewer tokens, its own I is
-    smaller) and never delays a first token (its least work is no larger), so some best relaxed
+    smaller, group sizes stay) and never delays a first token (its least work is no larger), so some best relaxed
     schedule takes the requests shortest prompt first in consecutive groups, each at the least index
     the rules allow: a dynamic programme over (requests done, slack of r over what the prefix needs).
     Slack above SLACK_KEPT counts as SLACK_KEPT (a smaller index: still a relaxation). With k0 and
@@ -455,12 +456,16 @@ def first_prefill_groups(instance: Instance) -> tuple[float, list[list[int]]]:
     done_work = np.r_[0.0, np.cumsum(first_prefill_work(prompts, cost, chunk))]
     tokens = np.r_[0, np.cumsum(prompts)]
     need = np.maximum(-(-tokens // chunk), np.r_[0, -(-prompts // chunk)])  # least index of a group ending at e
+    # a group's members hold their prompts after its batch: at most as many as the smallest prompts fit in M
+    system = instance.system
+    held = np.cumsum([system.blocks(int(i)) for i in prompts])
+    largest_group = max(1, int(np.searchsorted(held, system.kv_capacity, side="right")))
     kept = min(SLACK_KEPT, n)
     least = np.full((n + 1, kept + 1), np.inf)  # [e, s]: least sum of first-token times of the e shortest,
     least[0, 0] = 0.0                           # their last group at index need[e] + s
     came_from = np.zeros((n + 1, kept + 1, 2), dtype=np.int64)  # the (e, s) each best value came from
     for e in range(n):
-        ends = np.arange(e + 1, n + 1)
+        ends = np.arange(e + 1, min(n, e + largest_group) + 1)
         floor = need[ends]
         for slack in np.flatnonzero(np.isfinite(least[e])):
             index = np.maximum(need[e] + slack + 1, floor)
