@@ -18,7 +18,7 @@ from .base import Backend, BackendOutcome, Exchange, accepted, register, threads
 #: HiGHS's bounds are floating-point results within its feasibility and optimality tolerances (1e-7 by
 #: default): one came out 1.4e-7 (relative) above the optimum the brute-force oracle found (mean latency,
 #: network model, attention coefficients of ~5e-7 a unit). Every bound it reports is lowered by this share
-#: of its size, inside the 1e-6 within which a schedule counts as optimal (bounds.base.REL_TOL)
+#: of its size, inside the 2e-6 within which a schedule counts as optimal (bounds.base.OPTIMAL_TOL)
 BOUND_MARGIN = 5e-7
 
 
