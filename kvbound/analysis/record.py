@@ -13,6 +13,7 @@ from pathlib import Path
 
 from .. import interrupt
 from ..errors import InputError
+from ..fileio import check_out_folder
 from ..workload import Instance
 from .sweep.spec import point_key
 from .sweep.table import ResultsTable
@@ -27,9 +28,7 @@ class UnitRecord:
     finished unit's result by its `key`, `put` one as it finishes; `reused` counts the results taken."""
 
     def __init__(self, folder: str | Path, instance: Instance):
-        self.folder = Path(folder)
-        if self.folder.exists() and not self.folder.is_dir():
-            raise InputError(str(self.folder), "", "not a folder (--out names a folder that keeps the finished units)")
+        self.folder = check_out_folder(folder)
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
         except OSError as exc:

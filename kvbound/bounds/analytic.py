@@ -22,6 +22,7 @@ import time
 
 import numpy as np
 
+from ..accounting import round_to_blocks
 from ..alone import (batches_alone, fewest_batches, first_prefill_work, largest_chunk, least_work, minimum_work,
                      refilled_token_work, time_alone, token_work, work_alone)
 from ..objective import Objective
@@ -458,7 +459,7 @@ def first_prefill_groups(instance: Instance) -> tuple[float, list[list[int]]]:
     need = np.maximum(-(-tokens // chunk), np.r_[0, -(-prompts // chunk)])  # least index of a group ending at e
     # a group's members hold their prompts after its batch: at most as many as the smallest prompts fit in M
     system = instance.system
-    held = np.cumsum([system.blocks(int(i)) for i in prompts])
+    held = np.cumsum(round_to_blocks(prompts, system.block_size))
     largest_group = max(1, int(np.searchsorted(held, system.kv_capacity, side="right")))
     kept = min(SLACK_KEPT, n)
     least = np.full((n + 1, kept + 1), np.inf)  # [e, s]: least sum of first-token times of the e shortest,

@@ -116,26 +116,26 @@ class Bursts:
             return
         with deadline.enforced():
             schedule = build_prefill_groups(inst, first_prefill_groups(inst)[1], ledger.constraints)
-        self.built += 1
-        if schedule is None:
-            return
-        metrics = validate(inst, schedule).metrics
-        value = ledger.objective.of(metrics)
-        if value < ledger.best_value * (1 - 1e-12) and ledger.offer(schedule, "prefill groups", metrics):
-            self.kept += 1
+        self._offer(schedule, "prefill groups")
 
     def _try(self, keys, params: BurstParams, deadline) -> float:
-        ledger = self.ledger
         with deadline.enforced():
-            schedule = build_burst(ledger.instance, keys, params, ledger.constraints)
+            schedule = build_burst(self.ledger.instance, keys, params, self.ledger.constraints)
+        value = self._offer(schedule, params.label())
+        if value < self.best_value:
+            self.best_value, self.best = value, (keys, params)
+        return value
+
+    def _offer(self, schedule, label: str) -> float:
+        """Count a build; the objective of its schedule (the validator's replay: its numbers decide; inf
+        where none was built), offered to the ledger where it beats the best."""
         self.built += 1
         if schedule is None:
             return np.inf
-        metrics = validate(ledger.instance, schedule).metrics  # the validator's replay: its numbers decide
+        ledger = self.ledger
+        metrics = validate(ledger.instance, schedule).metrics
         value = ledger.objective.of(metrics)
-        if value < self.best_value:
-            self.best_value, self.best = value, (keys, params)
-        if value < ledger.best_value * (1 - 1e-12) and ledger.offer(schedule, params.label(), metrics):
+        if value < ledger.best_value * (1 - 1e-12) and ledger.offer(schedule, label, metrics):
             self.kept += 1
         return value
 
