@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 from ..fileio import write_user_file, write_user_json
 from ..generate import MAX_RATE, MIN_RATE
@@ -69,6 +70,14 @@ def print_metrics(title: str, metrics: Metrics) -> None:
         print(f"  {k:<{width}}  {v}")
 
 
+def write_text(text: str, piece: int = 1 << 20) -> None:
+    """`print(text)` a piece at a time: the full trace's schedule is 52 MB of JSON, and print would
+    encode all of it at once (another 52 MB)."""
+    for at in range(0, len(text), piece):
+        sys.stdout.write(text[at:at + piece])
+    sys.stdout.write("\n")
+
+
 def cmd_simulate(args) -> int:
     instance = load_case(args.case)
     result = run_scheduler(instance, args.scheduler)
@@ -78,7 +87,7 @@ def cmd_simulate(args) -> int:
     if args.out:
         write_user_json(args.out, schedule_json)
     if args.json:
-        print(json.dumps({"scheduler": result.policy, "metrics": replay.metrics.to_dict(), "schedule": schedule_json}))
+        write_text(json.dumps({"scheduler": result.policy, "metrics": replay.metrics.to_dict(), "schedule": schedule_json}))
     else:
         name = instance.name or args.case
         print_metrics(f"{name}: scheduler {result.policy}, {len(instance)} requests", replay.metrics)

@@ -14,8 +14,12 @@ import bisect
 import re
 from dataclasses import dataclass, field
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import scipy.sparse as sp
+
+if TYPE_CHECKING:
+    import scipy.sparse as sp
 
 INF = float("inf")
 
@@ -116,6 +120,8 @@ class Model:
         else:
             r = c = np.zeros(0, dtype=np.int64)
             v = np.zeros(0)
+        import scipy.sparse as sp  # here, not at import: 0.2 s that `kvbound simulate` never needs
+
         # one entry per (row, column), zeros dropped: terms of one row may name a column twice, and
         # HiGHS's presolve loops forever (or crashes) on a matrix with repeated entries
         matrix = sp.csr_array((v, (r, c)), shape=(self.n_rows, self.n_cols))

@@ -177,7 +177,7 @@ class UnifiedScheduler(Policy):
             decodes = sorted(decodes, key=lambda i: (-m[i], rank[i], i))
         else:
             decodes = self._by_rank(decodes, st)
-        prefills = self._by_rank([i for i in running if i not in decoding], st)
+        prefills = self._by_rank(running.keys() - decoding, st)  # _by_rank's keys are unique: any input order
         run = decodes + prefills
         return itertools.chain([decodes] if decodes else (), prefills, waiting_ids), run
 
