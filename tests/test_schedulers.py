@@ -24,7 +24,7 @@ from kvbound.schedulers.registry import Option
 from kvbound.schedulers.waves import plan_waves, wave_cost
 from kvbound.io.cases import load_case
 from kvbound.io.schedules import schedule_from_json
-from kvbound.schedule import ReplayState
+from kvbound.schedule import ReplayState, Schedule
 from tests.conftest import REPO
 from tests.oracle import OBJECTIVES, brute_force, tiny_instances
 
@@ -130,6 +130,7 @@ def test_schedules_validate_after_a_json_round_trip(name, inst):
         return
     text = json.dumps(result.schedule.to_json())
     assert json.dumps(result.schedule.json_form()) == text  # what the CLI writes
+    assert result.schedule.json_text() == text  # `kvbound simulate --json`'s schedule
     schedule = schedule_from_json(json.loads(text))
     assert schedule.requests == inst.requests
     # what the CLI and the analyses report is the simulator's own replay: the validator's, from the file
@@ -144,6 +145,18 @@ def test_schedules_validate_after_a_json_round_trip(name, inst):
     assert replay.metrics.peak_kv <= inst.system.kv_capacity
     if name in EVICTION_FREE:
         assert replay.metrics.evictions == 0
+
+
+def test_json_text_is_json_dumps_for_every_kind_of_batch():
+    """`Schedule.json_text` writes json.dumps' text itself; the batches it does not cache (a start that
+    is an int or not finite, ids outside the requests) go through json.dumps: the same text each way."""
+    requests = (Request(3, 2), Request(1, 1, 0.5))
+    batches = [Batch({0: 3, 1: 1}), Batch({0: 1}, start=0.25), Batch({}, (0,), start=1.0), Batch({0: 2, 1: 1}, (1,)),
+               Batch({1: 1, 0: 1}, start=2), Batch({7: 1, -1: 4}), Batch({0: 1}, start=float("nan")),
+               Batch({0: 5}, (0, 1), start=1e-300)]
+    for cut in range(len(batches) + 1):
+        schedule = Schedule(requests, batches[:cut])
+        assert schedule.json_text() == json.dumps(schedule.json_form()) == json.dumps(schedule.to_json())
 
 
 @pytest.mark.parametrize("name", ["sarathi", "vllm-v1", "srpt", "sjf-mc", "apt-greedy"])
