@@ -13,7 +13,6 @@ from __future__ import annotations
 import bisect
 import re
 from dataclasses import dataclass, field
-
 from typing import TYPE_CHECKING
 
 import numpy as np
