@@ -112,6 +112,28 @@ def test_no_bound_above_and_no_schedule_below_the_optimum(c, objective, o):
     assert value == res.objective and value >= opt * (1 - REL), (value, opt)
 
 
+MEAN_LATENCY = [(c, o) for c, objective, o in STORED if objective == "mean_latency" and c["arrivals"] == "t0"][:3]
+
+
+@pytest.mark.parametrize("c,o", MEAN_LATENCY, ids=[c["name"] for c, _ in MEAN_LATENCY])
+def test_the_lagrangian_before_the_model_is_a_bound_beside_it(c, o):
+    """The model route on 6+ requests, mean latency: the race takes its share first and its row is a
+    certified bound, never above the proven optimum; total latency and fewer requests go without it."""
+    from kvbound.solvers.phases.race_first import MIN_REQUESTS, ROW
+
+    inst = _case(c)
+    assert len(inst) >= MIN_REQUESTS
+    res = solve(inst, "mean_latency", "highs", 2.0)
+    assert res.formulation != "search"
+    row = next(b for b in res.bounds if b.name == ROW)
+    assert row.certified and math.isfinite(row.value) and row.value <= o["optimum"] * (1 + REL)
+    assert res.stats["lagrangian_before_model"]["passes"] >= 1
+    assert res.lower_bound >= row.value and res.seconds <= 2.0 + 2.0
+    assert ROW not in {b.name for b in solve(inst, "total_latency", "highs", 1.0).bounds}
+    few = Instance(inst.requests[:MIN_REQUESTS - 1], inst.system, inst.cost)
+    assert ROW not in {b.name for b in solve(few, "mean_latency", "highs", 1.0).bounds}
+
+
 def _prefixes():
     if not RESULTS.exists():
         return []

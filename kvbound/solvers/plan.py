@@ -15,6 +15,7 @@ from .phases.exhaust import Exhaust
 from .phases.heuristics import ChooseRoute, Heuristics
 from .phases.model import Model
 from .phases.packing import Packing
+from .phases.race_first import RaceFirst
 from .phases.search import Search
 
 PLAN = (
@@ -24,6 +25,7 @@ PLAN = (
     ChooseRoute(BACKENDS),  # a model, the search, or neither
     Bounds(Stage.MODEL),  # before a model, where every bound is asked for (the LP relaxation)
     BurstSeeds(),  # before a model, mean objectives: burst schedules as its incumbent, in 15% of the time
+    RaceFirst(),  # before a model, mean objectives on 6+ requests: the Lagrangian bound in 5% of the time
     Model(),  # the model, warm-started, solved by the backend (or the race of several)
     Search(steps=(Bounds(Stage.SEARCH), Packing(), Bursts())),  # where no model is solved: until the deadline or a proof
 )
