@@ -34,7 +34,7 @@ import scipy.sparse as sp
 from scipy.optimize import linprog
 
 from kvbound import load_case
-from kvbound.alone import first_prefill_work, time_alone, token_work
+from kvbound.alone import time_alone, token_work
 from kvbound.objective import Objective
 from kvbound.workload import Instance
 
