@@ -278,7 +278,7 @@ class ReplayState:
         self.ends: list[float] = []
         self.kv_trace: list[int] = []
         self.features: list[tuple] = []
-        # the requests a batch may process: arrived by the previous batch's start and unfinished (one
+        # the requests a batch may process: arrived by the latest applied batch's start, unfinished (one
         # subset test a batch covers the ids, the arrivals and the finished, instead of tests per request)
         self._servable: set[int] = set()
         self._by_arrival = sorted(range(k), key=self.arrival.__getitem__)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from ..deadline import Deadline
 from ..interrupt import Stopped
-from .base import Pass
+from .base import Bound, Pass
 
 #: a race ends after its first member's first pass if that is below this share of the best bound known
 USEFUL_FIRST_PASS = 0.5
@@ -116,6 +116,10 @@ class Race:
             if found.value > self.best:
                 self.best, self.leader = found.value, member.name
             yield Pass(member.value, found.hint)
+
+    def row(self, name: str) -> Bound:
+        """The race's best so far as a certified bound row named `name` (each pass is a bound)."""
+        return Bound(name, self.best, note=f"{self.leader} variant: every multiplier gives a bound")
 
     def report(self) -> dict:
         """What the race did, per member (passes, seconds, best bound)."""
