@@ -17,6 +17,7 @@ from .phases.model import Model
 from .phases.packing import Packing
 from .phases.race_first import RaceFirst
 from .phases.search import Search
+from .phases.windows import Windows
 
 PLAN = (
     Bounds(Stage.FIRST),  # the analytic bounds, from the instance alone
@@ -27,5 +28,5 @@ PLAN = (
     BurstSeeds(),  # before a model, mean objectives: burst schedules as its incumbent, in 15% of the time
     RaceFirst(),  # before a model, mean objectives on 6+ requests: the Lagrangian bound in 5% of the time
     Model(),  # the model, warm-started, solved by the backend (or the race of several)
-    Search(steps=(Bounds(Stage.SEARCH), Packing(), Bursts())),  # where no model is solved: until the deadline or a proof
+    Search(steps=(Bounds(Stage.SEARCH), Packing(), Bursts(), Windows())),  # where no model is solved: until the deadline or a proof
 )

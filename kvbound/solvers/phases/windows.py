@@ -1,0 +1,99 @@
+"""Window schedules in the search, for mean latency with every request arriving together: plans from
+the relaxation of `kvbound.schedulers.windows` (every request starting at once, and the best
+schedule's own completion batches), each improved by its local search and built; then local moves
+of one request's start (or two requests' starts swapped) on the built schedules, keeping a move that
+is no worse. Every schedule better than the ledger's best is offered to it (the ledger validates it).
+"""
+from __future__ import annotations
+
+import random
+
+import numpy as np
+
+from ... import progress
+from ...interrupt import Stopped
+from ...objective import Objective
+from ...schedule import validate
+from ...schedulers.windows import build_windows, completion_batches, plan_windows
+
+#: share of the time left the plans may take
+SHARE = 0.1
+#: local moves in a round of the search
+ROUND_MOVES = 16
+#: the start shifts a move tries (batches, either way)
+SHIFTS = (1, 2, 3, 5, 10, 20, 50, 100)
+
+
+class Windows:
+    name = "windows"
+    before_patterns = True  # cheap: the plans are numpy passes, a build one replay
+
+    def __init__(self, seed: int = 0):
+        self.seed = seed
+        self.ledger = None
+        self.current = None
+
+    def applies(self, ledger) -> bool:
+        c, inst = ledger.constraints, ledger.instance
+        return (ledger.objective is Objective.MEAN_LATENCY and not ledger.proven and len(inst) > 1
+                and np.ptp(inst.arrivals) == 0 and not c.no_hybrid and c.admission_order is None)
+
+    def run(self, ledger) -> None:
+        self.ledger = ledger
+        self.rng = random.Random(self.seed)
+        self.built = self.kept = 0
+        self.best_value = np.inf
+        progress.report(phase=self.name)
+        deadline = ledger.deadline.share(SHARE)
+        starts = [None] + ([completion_batches(ledger.best_schedule)] if ledger.best is not None else [])
+        try:
+            for completion in starts:
+                if deadline.expired():
+                    break
+                with deadline.enforced():
+                    plan = plan_windows(ledger.instance, completion, deadline, self.seed)
+                    self._try(plan.starts())
+        except Stopped:
+            if ledger.deadline.expired():
+                raise
+        ledger.stats["windows"] = self.report()
+
+    def _try(self, starts) -> float:
+        self.built += 1
+        schedule = build_windows(self.ledger.instance, starts, self.ledger.constraints)
+        if schedule is None:
+            return np.inf
+        ledger = self.ledger
+        metrics = validate(ledger.instance, schedule).metrics
+        value = ledger.objective.of(metrics)
+        if value < ledger.best_value * (1 - 1e-12) and ledger.offer(schedule, "window schedule", metrics):
+            self.kept += 1
+        if value <= self.best_value * (1 + 1e-12):
+            self.best_value, self.current = value, np.array(starts, dtype=np.int64)
+        return value
+
+    def moves(self, ledger, count: int = ROUND_MOVES, deadline=None) -> bool:
+        """`count` local moves from the best window schedule's starts (within `deadline`, else the
+        solve's). False where there is none to move from."""
+        if self.current is None or ledger is not self.ledger:
+            return False
+        deadline = deadline or ledger.deadline
+        rng, n = self.rng, len(self.current)
+        for _ in range(count):
+            if deadline.expired():
+                break
+            starts = self.current.copy()
+            i = rng.randrange(n)
+            if rng.random() < 0.25:
+                k = rng.randrange(n)
+                starts[i], starts[k] = starts[k], starts[i]
+            else:
+                starts[i] = max(1, starts[i] + rng.choice(SHIFTS) * rng.choice((-1, 1)))
+            with deadline.enforced():
+                self._try(starts)
+        ledger.stats["windows"] = self.report()
+        return True
+
+    def report(self) -> dict:
+        return {"built": self.built, "offered_better": self.kept,
+                "best_value": None if not np.isfinite(self.best_value) else self.best_value}
