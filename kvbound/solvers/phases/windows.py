@@ -87,7 +87,11 @@ class Windows:
             # another step found a better schedule: a plan from its completion batches (the local search
             # keeps to the basin it starts in: 1,000 arXiv requests, F 85.09 from every request at once)
             self.planned_from = ledger.best
-            self._plan(completion_batches(ledger.best_schedule), deadline.share(SHARE))
+            try:
+                self._plan(completion_batches(ledger.best_schedule), deadline.share(SHARE))
+            except Stopped:  # the plan's share is over; the search goes on unless its own time is
+                if deadline.expired():
+                    raise
         rng, n = self.rng, len(self.current)
         for _ in range(count):
             if deadline.expired():
