@@ -202,12 +202,12 @@ def tight_instance(n: int = 10) -> Instance:
     return Instance(requests, SystemConfig(m, 2048, 2048, 16), PRESETS["llama2-7b-h100"])
 
 
-def loose_conversation(n: int) -> Instance:
-    """The first n requests of the Splitwise conversation trace, all at 0, with M = 100,000 tokens:
-    about a hundred decode together."""
+def loose_conversation(n: int, trace: str = "splitwise_conv") -> Instance:
+    """The first n requests of the Splitwise conversation trace (or `trace`), all at 0, with M = 100,000
+    tokens, as the real suite's loose cases: about a hundred conversation requests decode together."""
     from .conftest import SHARED_DATA, shared_data  # noqa: F401 (skips without the data)
 
-    requests = [Request(r.prompt, r.output, 0.0) for r in load_trace(SHARED_DATA / "traces" / "splitwise_conv.csv",
+    requests = [Request(r.prompt, r.output, 0.0) for r in load_trace(SHARED_DATA / "traces" / f"{trace}.csv",
                                                                      limit=n)]
     return Instance(requests, SystemConfig(100_000, 2048, 2048, 16), PRESETS["llama2-7b-h100"])
 

@@ -16,11 +16,10 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvbound import load_case, validate
+from kvbound import validate
 from kvbound.alone import fewest_batches, token_work
 from kvbound.constraints import Constraints
 from kvbound.errors import SchedulerRefused
-from kvbound.objective import Objective
 from kvbound.schedulers import FAST_HEURISTICS, run_scheduler
 from kvbound.schedulers.windows import WindowPlan, build_windows, completion_batches, plan_windows
 from kvbound.solvers import solve
@@ -49,9 +48,7 @@ def reference_f(inst: Instance, b) -> float:
 
 
 def loose(inst: Instance) -> Instance:
-    s = inst.system
-    return Instance(inst.requests, SystemConfig(sum(s.blocks(r.peak_kv) for r in inst.requests), s.max_batch_tokens,
-                                                s.max_prefill_tokens, s.block_size), inst.cost)
+    return inst.with_system(kv_capacity=sum(inst.system.blocks(r.peak_kv) for r in inst.requests))
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -133,24 +130,13 @@ def test_a_plan_builds_the_schedule_it_plans_where_the_limits_allow_it():
     assert np.isclose(plan.value, reference_f(inst, list(plan.b)))
 
 
-def splitwise_code(n: int) -> Instance:
-    """The first n requests of the Splitwise code trace, all at 0, M = 100,000 tokens (the real suite's
-    loose case)."""
-    from kvbound.costs.presets import PRESETS
-    from kvbound.io.traces import load_trace
-    from kvbound.workload import Request
-
-    from .conftest import SHARED_DATA
-
-    requests = [Request(r.prompt, r.output, 0.0) for r in load_trace(SHARED_DATA / "traces" / "splitwise_code.csv", limit=n)]
-    return Instance(tuple(requests), SystemConfig(100_000, 2048, 2048, 16), PRESETS["llama2-7b-h100"])
-
-
 def test_the_search_finds_window_schedules_below_every_earlier_schedule_on_30_code_requests(shared_data):
     """Measured: the 120 s solve before window schedules ended at 0.88576 s (an admission pattern), the
     burst schedules' best 0.9278 s; with them 0.8619 s in 60 s. The answer is validated and comes from
     the window phase."""
-    inst = splitwise_code(30)
+    from tests.test_packing import loose_conversation
+
+    inst = loose_conversation(30, "splitwise_code")
     res = solve(inst, "mean_latency", "highs", 15.0, formulation="search")
     assert res.source == "window schedule", res.source
     value = validate(inst, res.schedule).metrics.mean_latency

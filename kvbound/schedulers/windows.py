@@ -102,9 +102,10 @@ class WindowPlan:
         W2[y - o + 1 - lo:y + 1 - lo] += self.work[i]
         return self.k0 * (y - x) + float(n2 @ W2 - n @ W)
 
-    def move(self, i: int, y: int) -> None:
+    def move(self, i: int, y: int, gain: float | None = None) -> None:
+        """Move request i's completion batch to y; `gain`: `delta(i, y)` where the caller has it."""
         x, o = int(self.b[i]), int(self.output[i])
-        self.value += self.delta(i, y)
+        self.value += self.delta(i, y) if gain is None else gain
         if y > x:
             self.n[x + 1:y + 1] += 1
         else:
@@ -136,7 +137,7 @@ class WindowPlan:
                             if gain < best:
                                 best, to = gain, y
                 if to != x:
-                    self.move(i, to)
+                    self.move(i, to, best)
                     moved = True
         return self.value
 

@@ -36,6 +36,16 @@ ROUND_MOVES = 16
 WAITS = (0.0, 0.25, 0.5, 1.0, 2.0)
 
 
+def offer_built(ledger, schedule, label: str) -> tuple[float, bool]:
+    """The objective of a built schedule (the validator's replay: its numbers decide; inf where none was
+    built) and whether the ledger kept it: it is offered only where it beats the best."""
+    if schedule is None:
+        return np.inf, False
+    metrics = validate(ledger.instance, schedule).metrics
+    value = ledger.objective.of(metrics)
+    return value, value < ledger.best_value * (1 - 1e-12) and ledger.offer(schedule, label, metrics)
+
+
 class Bursts:
     name = "bursts"
     before_patterns = True  # the search runs the grid before the seeds' patterns (`phases.search`)
@@ -127,16 +137,10 @@ class Bursts:
         return value
 
     def _offer(self, schedule, label: str) -> float:
-        """Count a build; the objective of its schedule (the validator's replay: its numbers decide; inf
-        where none was built), offered to the ledger where it beats the best."""
+        """Count a build; `offer_built`'s value."""
         self.built += 1
-        if schedule is None:
-            return np.inf
-        ledger = self.ledger
-        metrics = validate(ledger.instance, schedule).metrics
-        value = ledger.objective.of(metrics)
-        if value < ledger.best_value * (1 - 1e-12) and ledger.offer(schedule, label, metrics):
-            self.kept += 1
+        value, kept = offer_built(self.ledger, schedule, label)
+        self.kept += kept
         return value
 
     # ------------------------------------------------------------------ local moves

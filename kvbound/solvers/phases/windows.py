@@ -13,8 +13,8 @@ import numpy as np
 from ... import progress
 from ...interrupt import Stopped
 from ...objective import Objective
-from ...schedule import validate
 from ...schedulers.windows import build_windows, completion_batches, plan_windows
+from .bursts import offer_built
 
 #: share of the time left the plans may take
 SHARE = 0.1
@@ -66,13 +66,8 @@ class Windows:
     def _try(self, starts) -> float:
         self.built += 1
         schedule = build_windows(self.ledger.instance, starts, self.ledger.constraints)
-        if schedule is None:
-            return np.inf
-        ledger = self.ledger
-        metrics = validate(ledger.instance, schedule).metrics
-        value = ledger.objective.of(metrics)
-        if value < ledger.best_value * (1 - 1e-12) and ledger.offer(schedule, "window schedule", metrics):
-            self.kept += 1
+        value, kept = offer_built(self.ledger, schedule, "window schedule")
+        self.kept += kept
         if value <= self.best_value * (1 + 1e-12):
             self.best_value, self.current = value, np.array(starts, dtype=np.int64)
         return value
