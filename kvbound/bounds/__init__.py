@@ -2,7 +2,8 @@
 
 analytic (the instance alone), configuration_lp (total latency: batches of the KV items),
 lagrangian and completion_master (mean objectives: anytime, raced in `race`), blocks (mean
-objectives: blocks of requests priced together, pairs across them), lp_relaxation (the Big-M
+objectives: blocks of requests priced together, pairs across them), window_ranks (mean latency, all
+arriving together: the window relaxation's minimum as an assignment of ranks), lp_relaxation (the Big-M
 model's LP); kv_items holds the KV facts several of them count batches with.
 docs/formulation.md, "Bounds", derives each.
 """

@@ -7,7 +7,7 @@ module in kvbound/bounds, and its name added to that line.
 from __future__ import annotations
 
 from ..backends import BACKENDS
-from ..bounds import analytic, configuration_lp, lagrangian, completion_master, lp_relaxation, blocks  # noqa: F401  registers them
+from ..bounds import analytic, window_ranks, configuration_lp, lagrangian, completion_master, lp_relaxation, blocks  # noqa: F401  registers them
 from ..bounds.base import Stage
 from .phases.bounds import Bounds
 from .phases.bursts import Bursts, BurstSeeds
