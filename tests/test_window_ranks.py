@@ -147,3 +147,56 @@ def test_on_100_conversation_requests_above_the_searchs_120_s_bound(shared_data)
     value, details = window_rank_bound(loose_conversation(100), most_regions=1)
     assert details["rank_classes"] == 100 and details["rows_priced"] == 100
     assert 2.5 <= value <= 3.0401
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(inst=window_instances(most=5), seed=st.integers(0, 2**16))
+def test_an_early_child_prices_one_row_again_and_gets_the_same_table(inst, seed):
+    """A region split into "completes before batch L": the same earliest batches, so only the split
+    request's row changes; the reused table equals the whole table priced again."""
+    rng = random.Random(seed)
+    s = inst.system
+    few = fewest_batches(inst.prompts, inst.outputs, min(s.max_batch_tokens, s.max_prefill_tokens))
+    earliest = few + np.array([rng.choice((0, 5)) for _ in few])
+    latest = np.full(len(inst), 10**9)
+    parts = rank_classes(len(inst), rng.choice((1, 2, 5)))
+    table, when, _ = rank_costs(inst, parts, earliest=earliest, latest=latest)
+    r = rng.randrange(len(inst))
+    capped = latest.copy()
+    capped[r] = earliest[r] + rng.choice((0, 1, 7))
+    again, again_when, _ = rank_costs(inst, parts, earliest=earliest, latest=capped)
+    reused, reused_when, priced = rank_costs(inst, parts, earliest=earliest, latest=capped, reuse=(table, when, r))
+    assert priced == 1
+    assert np.array_equal(reused, again) and np.array_equal(reused_when, again_when)
+
+
+def test_later_tokens_as_a_line_only_where_they_are_one():
+    from kvbound.bounds.window_ranks import _affine
+
+    assert _affine(np.array([5.0])) == (0.0, 0.0)
+    a, b = _affine(np.array([5.0, 1.0, 1.5, 2.0, 2.5]))
+    assert np.isclose(a, 0.5) and np.isclose(b, 0.5)
+    assert _affine(np.array([5.0, 1.0, 1.5, 1.7, 2.5])) is None  # a refill cheaper than a decode: not a line
+
+
+def test_each_rise_goes_to_the_ledger_and_a_first_assignment_below_a_kv_bound_is_not_split():
+    cost = CostModel(intercept=1.0, per_token=0.05, decode_kv=0.001)
+    reqs = tuple(Request(2 + 37 * (i % 4 == 0), 3 + 5 * (i % 3), 0.0) for i in range(10))
+    inst = Instance(reqs, SystemConfig(10**5, 16, 16, 1), cost)
+
+    class Known:
+        instance, objective, lower = inst, Objective.MEAN_LATENCY, -np.inf
+        certified: list = []
+
+        def certify(self, bound):
+            self.certified.append(bound.value)
+            return bound
+
+    known = Known()
+    (row,) = WindowRanks().compute(known, Deadline(3.0))
+    assert row.name == NAME and row.certified and row.details["regions"] > 1
+    assert len(known.certified) >= 1 and known.certified == sorted(known.certified)
+    assert known.certified[-1] == row.value > row.details["root"]
+    known.lower = row.details["root"] * 1.01  # a bound counting KV above the first assignment
+    (row,) = WindowRanks().compute(known, Deadline(3.0))
+    assert row.details["regions"] == 1 and "not split" in row.note

@@ -246,6 +246,11 @@ def window_rank_bound(instance: Instance, deadline: Deadline | None = None, most
         in it, how many rows were priced (the rest: cheap rows) and its table where there is room to keep
         it (its early child prices one row again)."""
         table, when, priced = rank_costs(instance, classes, deadline, earliest, latest, win, reuse)
+        if deadline.expired():  # no time for the assignment (1,000 requests: 0.3 s): each row's least, a bound too
+            least = table.min(axis=1)
+            if not np.isfinite(least).all():
+                return math.inf, None, priced, None
+            return max(float(least.sum()), floor), when[np.arange(n), table.argmin(axis=1)], priced, None
         full = table[:, column_class]
         try:
             rows, cols = linear_sum_assignment(full)
