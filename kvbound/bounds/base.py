@@ -10,6 +10,7 @@ here with one registered class, and its module name in the driver's import line
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import Enum
@@ -131,6 +132,19 @@ class BoundMethod(Protocol):
     def compute(self, known: Known, deadline: Deadline) -> list[Bound]: ...
 
     def passes(self, known: Known) -> Iterator[Pass]: ...
+
+
+def rises(known: Known, name: str, note: str):
+    """A callback for a one-shot bound that rises as it runs: each value goes to the ledger at once
+    (where what is known certifies bounds), so the trajectory and the progress line show it growing."""
+    began = time.perf_counter()
+    certify = getattr(known, "certify", None)
+
+    def offer(value: float) -> None:
+        if certify is not None:
+            certify(Bound(name, value, time.perf_counter() - began, note=note))
+
+    return offer
 
 
 REGISTRY: list[BoundMethod] = []

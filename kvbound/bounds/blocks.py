@@ -36,7 +36,7 @@ from ..schedule import Batch, Schedule, validate
 from ..units import UnitRunner
 from ..workload import Instance
 from .analytic import analytic_bounds, completion_order_bounds, pair_terms
-from .base import Bound, Stage, register
+from .base import Bound, Stage, register, rises
 
 #: the block sizes tried, smallest first (blocks of one are the singletons: their gain is 0)
 BLOCK_SIZES = (2, 3, 4, 6, 8)
@@ -396,13 +396,7 @@ class _BlockMethod:
 
     def compute(self, known, deadline) -> list[Bound]:
         began = time.perf_counter()
-        # anytime: where what is known takes bounds as they come (the ledger), each rise is offered
-        # at once, so the trajectory and the progress line show the bound as it grows
-        certify = getattr(known, "certify", None)
-
-        def offer(value: float) -> None:
-            if certify is not None:
-                certify(Bound(NAME, value, time.perf_counter() - began, note="so far: blocks still being priced"))
+        offer = rises(known, NAME, "so far: blocks still being priced")
 
         options = getattr(known, "options", None)
         runner = options.units if options is not None else UnitRunner()

@@ -16,7 +16,7 @@ bound then splits the space of completion batches (a branch and bound over F's m
 with the lowest assignment is split on the request K misreads most, at the batch halfway between its
 earliest and the assignment's, into "completes at that batch or later" (K counts it from there) and
 "completes before it"; the least assignment over the open regions is the bound, rising as they split.
-On 30 conversation requests: 0.843 s for the first assignment, 0.914 s after 30 s of splits (best
+On 30 conversation requests: 0.843 s for the first assignment, 0.918 s after 30 s of splits (best
 schedule 0.934 s).
 
 Ranks are priced in at most `RANK_CLASSES` classes of consecutive ranks, a class at its last rank's
@@ -37,20 +37,21 @@ from scipy.signal import fftconvolve
 from ..alone import fewest_batches, token_work
 from ..deadline import Deadline
 from ..workload import Instance
-from .base import Bound, Stage, register
+from .base import Bound, Stage, register, rises
 
 NAME = "windows by completion rank: each token waited for by every request that cannot have finished"
 #: the most rank classes the costs are computed for (1,000 requests: classes of 3-4 ranks)
 RANK_CLASSES = 300
 #: above this many requests the assignment (requests x ranks, dense) is not built
 MOST_REQUESTS = 2000
-#: the value is lowered by this share for the FFT convolutions' rounding
+#: the value is lowered by this share for the floating point (FFT convolutions, sums of the counts)
 SAFETY = 1e-9
 #: without a time limit the branching stops after this many seconds
 UNLIMITED_SECONDS = 30.0
 #: the branching stops where the open regions hold more than this many completion-batch limits
 MOST_OPEN_ENTRIES = 20_000_000
 #: the open regions keep their cost tables (for their early children) up to this many entries in all
+#: (16 bytes each with the completion batches)
 STORED_ENTRIES = 10_000_000
 
 
@@ -230,7 +231,7 @@ def window_rank_bound(instance: Instance, deadline: Deadline | None = None, most
     completion batches whose assignment is lowest is split in two on one request's completion batch
     (a branch and bound over F's minimum: the bound is the least over the regions still open, each
     region's assignment counting only requests that can finish before a batch). `on_value(bound)` is
-    called at each rise; `most_regions` caps the regions made (1: the first assignment only); where the
+    called with the first assignment and at each rise; `most_regions` caps the regions made (1: the first assignment only); where the
     first assignment is below `split_above` (mean latency, seconds) no region is split."""
     n = len(instance)
     win = Windows(instance)
@@ -268,6 +269,8 @@ def window_rank_bound(instance: Instance, deadline: Deadline | None = None, most
     latest = np.full(n, np.iinfo(np.int64).max // 4)
     value, when, priced, tables = assign(earliest, latest, -math.inf)
     root = best = value
+    if on_value is not None and math.isfinite(root):  # at once: an interrupt from here on keeps it
+        on_value(root / n * (1.0 - SAFETY))
     open_regions = [(value, 0, earliest, latest, when, tables)] if math.isfinite(value) else []
     if root / n < split_above:
         most_regions = 1
@@ -342,13 +345,7 @@ class WindowRanks:
 
     def compute(self, known, deadline) -> list[Bound]:
         began = time.perf_counter()
-        # anytime: each rise goes to the ledger as it comes, so the trajectory and the progress line show it
-        certify = getattr(known, "certify", None)
-
-        def offer(value: float) -> None:
-            if certify is not None:
-                certify(Bound(NAME, value, time.perf_counter() - began, note="so far: regions still being split"))
-
+        offer = rises(known, NAME, "so far: regions still being split")
         # where M binds, F (which leaves M out) starts below the bounds that count KV, and the splits rarely
         # catch up in their share of the time: then the first assignment only
         value, details = window_rank_bound(known.instance, deadline, on_value=offer, split_above=known.lower)
