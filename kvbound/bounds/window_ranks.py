@@ -31,8 +31,6 @@ import math
 import time
 
 import numpy as np
-from scipy.optimize import linear_sum_assignment
-from scipy.signal import fftconvolve
 
 from ..alone import fewest_batches, token_work
 from ..deadline import Deadline
@@ -180,6 +178,8 @@ def _row(w, o, few, last, k0, G, sums, top_fewest, lo, split, mult) -> np.ndarra
         if line is not None:
             R = sums.window(float(w[0]), *line, Js[:, None] - p[None, :], np.broadcast_to(p, (len(Js), o - 1)))
         else:
+            from scipy.signal import fftconvolve  # here: the import costs 0.35 s, and decodes never need it
+
             back = (Js[:, None] - 1 - np.arange(o - 1)[None, :]) + sums.off  # G[J - 1 - u], u = 0..o-2
             R = fftconvolve(np.broadcast_to(w[:o - 1], back.shape), G[back], axes=1)[:, :o - 1]  # R[J, p - 1]
         tt = split[:, None] + o - 1 - p[None, :]  # per class and p
@@ -197,6 +197,8 @@ def _correlate(segment: np.ndarray, w: np.ndarray) -> np.ndarray:
     """out[m] = sum_q w[q] segment[m + q] (each full window)."""
     if len(w) <= 64:
         return np.convolve(segment, w[::-1], mode="valid")
+    from scipy.signal import fftconvolve
+
     return fftconvolve(segment, w[::-1], mode="valid")
 
 
@@ -233,6 +235,10 @@ def window_rank_bound(instance: Instance, deadline: Deadline | None = None, most
     region's assignment counting only requests that can finish before a batch). `on_value(bound)` is
     called with the first assignment and at each rise; `most_regions` caps the regions made (1: the first assignment only); where the
     first assignment is below `split_above` (mean latency, seconds) no region is split."""
+    # imported here: scipy.optimize takes 0.3 s, which every `kvbound` command would pay at start (and a
+    # Ctrl-C in its first half second would wait for the first stage instead of stopping it)
+    from scipy.optimize import linear_sum_assignment
+
     n = len(instance)
     win = Windows(instance)
     classes = rank_classes(n, most_classes)
