@@ -69,6 +69,20 @@ def least_work(r: Request, cost, chunk: int | None = None) -> float:
     return float(token_work(r, cost, chunk).sum())
 
 
+class TokenWindows:
+    """Per request, what a window of its tokens costs at least (docs/formulation.md, "Window schedules"):
+    each token's least work (`token_work`, prefill chunks of at most min(C, P)), its output and its
+    fewest batches; and the intercept. The window plans and the window-rank bound read these."""
+
+    def __init__(self, instance: Instance):
+        s, cost = instance.system, instance.cost
+        chunk = min(s.max_batch_tokens, s.max_prefill_tokens)
+        self.n, self.k0 = len(instance), cost.intercept
+        self.work = [token_work(r, cost, chunk) for r in instance.requests]
+        self.output = instance.outputs.astype(np.int64)
+        self.fewest = np.asarray(fewest_batches(instance.prompts, instance.outputs, chunk), dtype=np.int64)
+
+
 def largest_chunk(instance: Instance) -> int:
     """The most tokens one batch prefills of a request: min(P, C)."""
     s = instance.system

@@ -32,7 +32,7 @@ import time
 
 import numpy as np
 
-from ..alone import fewest_batches, token_work
+from ..alone import TokenWindows
 from ..deadline import Deadline
 from ..workload import Instance
 from .base import Bound, Stage, register, rises
@@ -59,27 +59,15 @@ def rank_classes(n: int, most: int = RANK_CLASSES) -> list[tuple[int, int]]:
     return [(int(a) + 1, int(z)) for a, z in zip(edges[:-1], edges[1:]) if z > a]
 
 
-class Windows:
-    """Each request's least token work (`alone.token_work`), output and fewest batches."""
-
-    def __init__(self, instance: Instance):
-        s, cost = instance.system, instance.cost
-        chunk = min(s.max_batch_tokens, s.max_prefill_tokens)
-        self.n, self.k0 = len(instance), cost.intercept
-        self.work = [token_work(r, cost, chunk) for r in instance.requests]
-        self.output = instance.outputs.astype(np.int64)
-        self.fewest = np.asarray(fewest_batches(instance.prompts, instance.outputs, chunk), dtype=np.int64)
-
-
 def rank_costs(instance: Instance, classes: list[tuple[int, int]], deadline=None, earliest=None,
-               latest=None, windows: Windows | None = None, reuse=None) -> tuple[np.ndarray, np.ndarray, int]:
+               latest=None, windows: TokenWindows | None = None, reuse=None) -> tuple[np.ndarray, np.ndarray, int]:
     """cost[i, c]: a lower bound on request i's k0 b_i plus its window's work times the counts waiting
     for it, over every rank k in class c, for the completion batches earliest_i <= b_i <= latest_i
     (default: its fewest batches, no latest; inf where none fits the class); when[i, c], the completion
     batch that attains it; and how many rows were priced before the deadline (the rest keep the cheap
     row). `reuse` = (cost, when, i): the same for the same earliest batches, where only request i's
     latest batch differs: only its row is priced again."""
-    win = windows or Windows(instance)
+    win = windows or TokenWindows(instance)
     n, k0, work, output = win.n, win.k0, win.work, win.output
     fewest = win.fewest if earliest is None else np.maximum(win.fewest, earliest)
     latest = np.full(n, np.iinfo(np.int64).max // 4) if latest is None else np.asarray(latest, dtype=np.int64)
@@ -96,17 +84,16 @@ def rank_costs(instance: Instance, classes: list[tuple[int, int]], deadline=None
     counts = n - np.searchsorted(ordered, j - 1, side="right")
     G = counts.astype(float)
     sums = _Sums(counts, j, off)
-    table = np.empty((n, len(classes)))
-    when = np.empty((n, len(classes)), dtype=np.int64)
-    for i in range(n):
-        when[i] = np.maximum(fewest[i], lo)
-        # the cheap row: every count at least N - cap
-        table[i] = np.where(when[i] <= latest[i], k0 * when[i] + mult * float(work[i].sum()), np.inf)
+    # the cheap rows: the earliest batch that fits, every count at least N - cap
+    when = np.maximum(fewest[:, None], lo[None, :])
+    total = np.array([float(w.sum()) for w in work])
+    table = np.where(when <= latest[:, None], k0 * when + mult[None, :] * total[:, None], np.inf)
     rows = range(n)
     if reuse is not None:
-        cheap, cheap_when = table[reuse[2]].copy(), when[reuse[2]].copy()
-        table, when, rows = reuse[0].copy(), reuse[1].copy(), [reuse[2]]
-        table[rows[0]], when[rows[0]] = cheap, cheap_when
+        r = reuse[2]
+        cheap, cheap_when = table[r], when[r]
+        table, when, rows = reuse[0].copy(), reuse[1].copy(), [r]
+        table[r], when[r] = cheap, cheap_when
     priced = 0
     for i in rows:
         if deadline is not None and deadline.expired():
@@ -240,18 +227,19 @@ def window_rank_bound(instance: Instance, deadline: Deadline | None = None, most
     from scipy.optimize import linear_sum_assignment
 
     n = len(instance)
-    win = Windows(instance)
+    win = TokenWindows(instance)
     classes = rank_classes(n, most_classes)
     column_class = np.repeat(np.arange(len(classes)), [z - a + 1 for a, z in classes])  # rank -> class
     if deadline is None or not math.isfinite(deadline.remaining()):
         deadline = Deadline(UNLIMITED_SECONDS)
 
-    stored = [0]  # table entries kept with the open regions
+    stored = 0  # table entries kept with the open regions
 
     def assign(earliest, latest, floor: float, reuse=None):
         """A region's assignment value (at least `floor`, its parent's), each request's completion batch
         in it, how many rows were priced (the rest: cheap rows) and its table where there is room to keep
         it (its early child prices one row again)."""
+        nonlocal stored
         table, when, priced = rank_costs(instance, classes, deadline, earliest, latest, win, reuse)
         if deadline.expired():  # no time for the assignment (1,000 requests: 0.3 s): each row's least, a bound too
             least = table.min(axis=1)
@@ -267,8 +255,8 @@ def window_rank_bound(instance: Instance, deadline: Deadline | None = None, most
         if not math.isfinite(value):
             return math.inf, None, priced, None
         keep = None
-        if stored[0] + table.size <= STORED_ENTRIES:
-            keep, stored[0] = (table, when), stored[0] + table.size
+        if stored + table.size <= STORED_ENTRIES:
+            keep, stored = (table, when), stored + table.size
         return max(value, floor), when[rows, column_class[cols]], priced, keep
 
     earliest = win.fewest.copy()
@@ -290,7 +278,7 @@ def window_rank_bound(instance: Instance, deadline: Deadline | None = None, most
             break
         heapq.heappop(open_regions)
         if tables is not None:
-            stored[0] -= tables[0].size
+            stored -= tables[0].size
         r, at = split
         late_lo, early_hi = earliest.copy(), latest.copy()
         late_lo[r] = at  # request r completes at batch `at` or later
@@ -302,7 +290,7 @@ def window_rank_bound(instance: Instance, deadline: Deadline | None = None, most
             if math.isfinite(child):
                 heapq.heappush(open_regions, (child, made, lo, hi, child_when, child_tables))
             elif child_tables is not None:
-                stored[0] -= child_tables[0].size
+                stored -= child_tables[0].size
         now = open_regions[0][0] if open_regions else math.inf
         if now > best and math.isfinite(now):
             best = now
@@ -313,7 +301,7 @@ def window_rank_bound(instance: Instance, deadline: Deadline | None = None, most
     return best / n * (1.0 - SAFETY), details
 
 
-def _split(win: Windows, earliest: np.ndarray, when: np.ndarray):
+def _split(win: TokenWindows, earliest: np.ndarray, when: np.ndarray):
     """The request whose count K misreads most in a region's assignment (it is counted as finished from
     its earliest batch on, yet completes at `when`), weighted by the work its windows put in between,
     and the batch halfway that splits its completion batches; None where no request completes after its

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..alone import fewest_batches, token_work
+from ..alone import TokenWindows
 from ..constraints import Constraints
 from ..deadline import Deadline
 from ..schedule import Batch, ReplayState, Schedule, ScheduleError
@@ -41,12 +41,9 @@ class WindowPlan:
     it touches (O(O_i + shift) instead of the whole plan)."""
 
     def __init__(self, instance: Instance, completion=None):
-        s, cost = instance.system, instance.cost
-        chunk = min(s.max_batch_tokens, s.max_prefill_tokens)
-        self.k0 = cost.intercept
-        self.work = [token_work(r, cost, chunk) for r in instance.requests]
-        self.output = instance.outputs.astype(np.int64)
-        self.fewest = np.asarray(fewest_batches(instance.prompts, instance.outputs, chunk), dtype=np.int64)
+        s = instance.system
+        windows = TokenWindows(instance)
+        self.k0, self.work, self.output, self.fewest = windows.k0, windows.work, windows.output, windows.fewest
         # the builder admits a request only while the peaks of the admitted ones fit M: the plan keeps
         # the peaks of the windows (prefill chunks included) that cover a batch within M too
         self.peak = np.array([s.blocks(r.peak_kv) for r in instance.requests], dtype=float)
