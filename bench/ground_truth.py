@@ -20,7 +20,14 @@ bench/results were made on a 2-core machine shared with another job, with
     python bench/ground_truth.py report
 
 (the first two conversation cases' mean latency with `exact --limit 900` and `today --limit 60`: they
-proved in 150 s; each row of the table gives its limit). HiGHS takes min(8, cpu_count) threads;
+proved in 150 s; each row of the table gives its limit). Then, at the issue's limit, the cases those
+runs had left open (the session of 2026-11-28, twelfth):
+
+    nice -n 19 taskset -c 1 python bench/ground_truth.py exact --limit 600 --oracle-limit 20 --objectives mean_ttft --redo --only gt_arxiv_r0_n8_s200_loose_t0,gt_conv_r100_n10_s200_tight_t0
+    nice -n 19 taskset -c 1 python bench/ground_truth.py today --limit 120 --routes auto,bound --objectives OBJ --redo --only CASES
+
+(CASES: every proven case whose auto route had not closed the gap, seven for mean latency and seven for
+mean TTFT). HiGHS takes min(8, cpu_count) threads;
 pinning to one core is what makes them one core's worth.
 
 **The instances.** Real prompt and output lengths (prompts of 100s to 1,000s of tokens, outputs of

@@ -2,7 +2,11 @@
 
 * never above the brute-force optimum of mean latency, every request at 0 (tight M, evictions, chunks),
   with ranks one by one, in classes, and with no time to price any row;
-* never above F of any completion batches (so never above F's minimum, which the plans only search);
+* never above F of any completion batches a schedule can have (each at least its fewest, the k-th
+  smallest at least the capacity floor), so never above F's minimum, which the plans only search;
+* the floor: no schedule (the oracle's, every fast heuristic's; tight M, evictions, chunks, arrivals)
+  completes k requests in fewer batches than `kv_items.CompletionFloor` says, over every set of k
+  requests or over those whose earliest completion batch (at most the schedule's) is below each batch;
 * each row equals the least over completion batches of its window priced batch by batch (the three
   parts of `_row` and its FFT convolutions against a plain sum), and classes never raise the value;
 * listed by `kvbound bound` beside the others where it applies, and skipped, saying why, where not.
@@ -15,11 +19,16 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kvbound import validate
 from kvbound.alone import fewest_batches, token_work
+from kvbound.bounds.kv_items import CompletionFloor
 from kvbound.bounds.window_ranks import NAME, WindowRanks, rank_classes, rank_costs, window_rank_bound
 from kvbound.costs.model import CostModel
 from kvbound.deadline import Deadline
+from kvbound.errors import SchedulerRefused
 from kvbound.objective import Objective
+from kvbound.schedulers import FAST_HEURISTICS, run_scheduler
+from kvbound.schedulers.windows import completion_batches
 from kvbound.solvers import SolveOptions, lower_bounds
 from kvbound.workload import Instance, Request, SystemConfig
 from tests.oracle import brute_force
@@ -58,53 +67,85 @@ def window_instances(draw, most=6, longest=90):
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(inst=window_instances(), seed=st.integers(0, 2**16), regions=st.sampled_from([1, 50, 400]))
-def test_never_above_f_of_any_completion_batches(inst, seed, regions):
+def test_never_above_f_of_any_completion_batches_a_schedule_can_have(inst, seed, regions):
     rng = random.Random(seed)
     s = inst.system
     few = fewest_batches(inst.prompts, inst.outputs, min(s.max_batch_tokens, s.max_prefill_tokens))
+    floor = CompletionFloor(inst)(few)
     value, _ = window_rank_bound(inst, Deadline(5.0), most_regions=regions)
     for _ in range(10):
-        b = [int(f) + rng.choice((0, 0, 1, 3, 20, 100)) for f in few]
-        assert value * len(inst) <= reference_f(inst, b) * (1 + REL), b
+        b = np.array([int(f) + rng.choice((0, 0, 1, 3, 20, 100)) for f in few])
+        order = np.argsort(b, kind="stable")  # as a schedule's: its k-th completion at least the floor
+        b[order] = np.maximum(b[order], floor)
+        assert value * len(inst) <= reference_f(inst, list(b)) * (1 + REL), b
 
 
-def reference_row(inst: Instance, i: int, cap: int, lo: int, few, latest: int) -> float:
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(inst=instances(max_requests=6, max_prompt=8, max_output=5), seed=st.integers(0, 2**16))
+def test_no_schedule_completes_k_requests_before_the_floor(inst, seed):
+    rng = random.Random(seed)
+    schedules = [brute_force(inst, "mean_latency").schedule] if len(inst) <= 3 else []
+    for name in FAST_HEURISTICS:
+        try:
+            schedules.append(run_scheduler(inst, name).schedule)
+        except SchedulerRefused:  # the case breaks the scheduler's premise (a refill longer than P, ...)
+            pass
+    floor = CompletionFloor(inst)
+    assert (np.diff(floor.floor) >= 0).all() and floor.floor[0] >= 1
+    s = inst.system
+    few = fewest_batches(inst.prompts, inst.outputs, min(s.max_batch_tokens, s.max_prefill_tokens))
+    assert (floor(few) >= floor.floor).all()
+    for schedule in schedules:
+        validate(inst, schedule)
+        b = completion_batches(schedule)
+        done = np.sort(b)
+        assert (done >= floor.floor).all() and (done >= floor(few)).all(), (list(done), list(floor(few)))
+        earliest = np.maximum(few, b - np.array([rng.choice((0, 0, 1, 3)) for _ in b]))  # each at most its own
+        assert (done >= floor(earliest)).all(), (list(b), list(earliest), list(floor(earliest)))
+
+
+def reference_row(inst: Instance, i: int, cap: int, lo: int, few, latest: int, ranked=None) -> float:
     """min over max(few_i, lo) <= t <= latest of k0 t + sum of its window's token work, the token in
-    batch j weighted N - min(cap, K_j), K_j = #{few < j}: written out batch by batch."""
+    batch j weighted N - min(cap, K_j), K_j = #{ranked < j} (default: #{few < j}): written out batch by
+    batch."""
+    ranked = few if ranked is None else ranked
     s, cost = inst.system, inst.cost
     chunk = min(s.max_batch_tokens, s.max_prefill_tokens)
     n, w, o = len(inst), token_work(inst.requests[i], cost, chunk), int(inst.outputs[i])
     best = np.inf
-    for t in range(max(int(few[i]), lo), min(int(few.max()) + o + 2, latest + 1)):
+    for t in range(max(int(few[i]), lo), min(int(max(few.max(), ranked.max())) + o + 2, latest + 1)):
         total = cost.intercept * t
         for k in range(1, o + 1):
             j = t - o + k
-            total += w[k - 1] * (n - min(cap, int((few < j).sum())))
+            total += w[k - 1] * (n - min(cap, int((ranked < j).sum())))
         best = min(best, total)
     return best
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(inst=window_instances(most=5), classes=st.sampled_from([1, 2, 5]), seed=st.integers(0, 2**16),
-       region=st.booleans())
-def test_each_row_is_its_least_window_priced_batch_by_batch(inst, classes, seed, region):
-    """In the whole space and in a region of completion batches (raised earliest, capped latest)."""
+       region=st.booleans(), floored=st.booleans())
+def test_each_row_is_its_least_window_priced_batch_by_batch(inst, classes, seed, region, floored):
+    """In the whole space and in a region of completion batches (raised earliest, capped latest), with
+    and without the capacity floor of the k-th completion (`floored`: each rank's earliest batch and
+    the counts K_j from the larger of the k-th smallest earliest batch and the floor)."""
     rng = random.Random(seed)
     s = inst.system
     few = fewest_batches(inst.prompts, inst.outputs, min(s.max_batch_tokens, s.max_prefill_tokens))
     earliest = few + np.array([rng.choice((0, 0, 3, 40)) for _ in few]) if region else few
     latest = earliest + np.array([rng.choice((0, 2, 50, 10**6)) for _ in few]) if region else None
-    ordered = np.sort(earliest)
+    floor = CompletionFloor(inst)(earliest) if floored else None
+    ordered = np.sort(earliest) if floor is None else np.maximum(np.sort(earliest), floor)
     parts = rank_classes(len(inst), classes)
-    table, when, priced = rank_costs(inst, parts, earliest=earliest, latest=latest)
+    table, when, priced = rank_costs(inst, parts, earliest=earliest, latest=latest, floor=floor)
     assert priced == len(inst)
     for c, (first, last) in enumerate(parts):
         for i in range(len(inst)):
             want = reference_row(inst, i, last - 1, int(ordered[first - 1]), earliest,
-                                 10**9 if latest is None else int(latest[i]))
+                                 10**9 if latest is None else int(latest[i]), ordered)
             assert np.isclose(table[i, c], want, rtol=1e-9, atol=1e-9), (i, c, table[i, c], want)
             if np.isfinite(want):  # the batch it names attains it
-                got = reference_row(inst, i, last - 1, int(when[i, c]), earliest, int(when[i, c]))
+                got = reference_row(inst, i, last - 1, int(when[i, c]), earliest, int(when[i, c]), ordered)
                 assert np.isclose(got, want, rtol=1e-9, atol=1e-9)
 
 

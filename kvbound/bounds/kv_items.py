@@ -115,6 +115,62 @@ def min_batches(instance: Instance) -> int:
     return max(by_output, by_tokens, by_prefill, by_area, dff_batches(instance, items))
 
 
+class CompletionFloor:
+    """The fewest batches by which k requests can all have completed, k = 1..N (batches that process a
+    token). The k requests done first processed their tokens (I + O - 1 each, at most C a batch) and held
+    their KV items (`kv_items`) in those batches: so at least the k smallest token counts over C, the k
+    smallest areas over the prefill ramp and the k smallest sums of each dual-feasible weight
+    (`completion_order_bounds` prices the same sets in time). Called with each request's earliest
+    completion batch, only requests whose earliest batch is below j count among those done before
+    batch j, and the tokens and the areas are those of the smallest of them."""
+
+    def __init__(self, instance: Instance):
+        s, n = instance.system, len(instance)
+        self.tokens = np.array([r.peak_kv for r in instance.requests], dtype=np.int64)
+        self.C = s.max_batch_tokens
+        items, owner = kv_items(instance, Objective.MEAN_LATENCY)
+        self.area = np.bincount(owner, items, n).astype(float)
+        ramp, room = ramp_capacities(instance).astype(float), float(kv_room(s))
+        self.filled, self.room = np.cumsum(ramp), room
+        by_tokens = -(-np.cumsum(np.sort(self.tokens)) // self.C)
+        by_area = batches_to_hold(np.cumsum(np.sort(self.area)), ramp, room)
+        weights = np.sort(kv_weights(instance, Objective.MEAN_LATENCY, (items, owner)), axis=0)
+        by_weights = np.ceil(np.cumsum(weights, axis=0) - 1e-9).max(axis=1).astype(np.int64)
+        #: floor[k - 1] over every set of k requests
+        self.floor = np.maximum.reduce([by_tokens, np.asarray(by_area, dtype=np.int64), by_weights])
+
+    def room_of(self, batches: np.ndarray) -> np.ndarray:
+        """The most KV items the first `batches` batches hold together (the ramp's, then M a batch)."""
+        within = np.minimum(batches, len(self.filled))
+        return np.where(within > 0, self.filled[np.maximum(within - 1, 0)], 0.0) + \
+            np.maximum(0, batches - len(self.filled)) * self.room
+
+    def __call__(self, earliest: np.ndarray) -> np.ndarray:
+        """floor[k - 1], where request i completes no earlier than batch earliest[i]: the first batch j
+        such that K_{j+1} >= k, K_j (the most requests done before batch j) being the fewest of the
+        requests with earliest < j, of those whose smallest tokens fit in C (j - 1), of those whose
+        smallest areas fit in the first j - 1 batches, and of the ranks whose `floor` is below j."""
+        n = len(earliest)
+        order = np.argsort(earliest, kind="stable")
+        ranked = np.asarray(earliest)[order]
+        top = int(max(ranked[-1], self.floor[-1])) + 1  # K_top = n: every request fits by then
+        K = np.zeros(top + 1, dtype=np.int64)
+        plain = np.searchsorted(self.floor, np.arange(top + 1) - 1, side="right")
+        for m in range(n + 1):  # batches j where exactly m requests have earliest < j
+            lo = 0 if m == 0 else int(ranked[m - 1]) + 1
+            hi = top if m == n else int(ranked[m])
+            if hi < lo:
+                continue
+            j = np.arange(lo, hi + 1)
+            tokens = np.cumsum(np.sort(self.tokens[order[:m]]))
+            area = np.cumsum(np.sort(self.area[order[:m]])) * (1 - 1e-9) - 1e-9  # a hair less passes
+            K[lo:hi + 1] = np.minimum.reduce([np.full(len(j), m), plain[lo:hi + 1],
+                                              np.searchsorted(tokens, self.C * (j - 1), side="right"),
+                                              np.searchsorted(area, self.room_of(j - 1), side="right")])
+        K[top] = n  # by the floor every request fits: rounding cannot make a later claim
+        return np.searchsorted(K, np.arange(1, n + 1), side="left") - 1
+
+
 def exclusive_holders(instance: Instance) -> np.ndarray:
     """The requests (indices, longest prompt first) of the largest set G, among those with at least two
     tokens to generate, no two of which hold KV together from their first token on unless one was

@@ -6,9 +6,12 @@ finished in its batch, plus k0 per batch for each. Its minimum over b is a bound
 problem; this bound relaxes it to an assignment. The request completing k-th waits, in each batch j of
 its window, for at most k - 1 requests finished before j, and for at most K_j = #{r : fewest_r < j}
 (no request finishes before its fewest batches); its completion batch is at least the k-th smallest
-fewest batches. So pricing request i at rank k by its best completion batch under those counts, and
-assigning ranks to requests (scipy's `linear_sum_assignment`), gives a bound on F's minimum and hence
-on the optimal total latency ("The window-rank bound" in docs/formulation.md derives it).
+fewest batches, and at least the batches any k requests need for their tokens and KV
+(`kv_items.CompletionFloor`: how M and C enter, which F itself leaves out; K_j then counts only the
+ranks whose larger earliest batch of the two is below j). So pricing request i at rank k by its best
+completion batch under those counts, and assigning ranks to requests (scipy's
+`linear_sum_assignment`), gives a bound on F's minimum and hence on the optimal total latency ("The
+window-rank bound" in docs/formulation.md derives it).
 
 K counts a request as finished from its fewest batches on even where the assignment completes it
 much later (the longest prompts, deferred): that is most of what the first assignment loses. So the
@@ -36,6 +39,7 @@ from ..alone import TokenWindows
 from ..deadline import Deadline
 from ..workload import Instance
 from .base import Bound, Stage, register, rises
+from .kv_items import CompletionFloor
 
 NAME = "windows by completion rank: each token waited for by every request that cannot have finished"
 #: the most rank classes the costs are computed for (1,000 requests: classes of 3-4 ranks)
@@ -60,18 +64,20 @@ def rank_classes(n: int, most: int = RANK_CLASSES) -> list[tuple[int, int]]:
 
 
 def rank_costs(instance: Instance, classes: list[tuple[int, int]], deadline=None, earliest=None,
-               latest=None, windows: TokenWindows | None = None, reuse=None) -> tuple[np.ndarray, np.ndarray, int]:
+               latest=None, windows: TokenWindows | None = None, reuse=None, floor=None
+               ) -> tuple[np.ndarray, np.ndarray, int]:
     """cost[i, c]: a lower bound on request i's k0 b_i plus its window's work times the counts waiting
     for it, over every rank k in class c, for the completion batches earliest_i <= b_i <= latest_i
     (default: its fewest batches, no latest; inf where none fits the class); when[i, c], the completion
     batch that attains it; and how many rows were priced before the deadline (the rest keep the cheap
     row). `reuse` = (cost, when, i): the same for the same earliest batches, where only request i's
-    latest batch differs: only its row is priced again."""
+    latest batch differs: only its row is priced again. `floor[k - 1]`: batches by which no k requests
+    can all have completed (`kv_items.CompletionFloor`); the k-th completion is at least it."""
     win = windows or TokenWindows(instance)
     n, k0, work, output = win.n, win.k0, win.work, win.output
     fewest = win.fewest if earliest is None else np.maximum(win.fewest, earliest)
     latest = np.full(n, np.iinfo(np.int64).max // 4) if latest is None else np.asarray(latest, dtype=np.int64)
-    ordered = np.sort(fewest)
+    ordered = np.sort(fewest) if floor is None else np.maximum(np.sort(fewest), floor)
     top_output, top_fewest = int(output.max()), int(ordered[-1])
     first = np.array([a for a, _ in classes])
     cap = np.array([z for _, z in classes]) - 1  # at most this many finished before any batch of the window
@@ -228,6 +234,7 @@ def window_rank_bound(instance: Instance, deadline: Deadline | None = None, most
 
     n = len(instance)
     win = TokenWindows(instance)
+    floor = CompletionFloor(instance)
     classes = rank_classes(n, most_classes)
     column_class = np.repeat(np.arange(len(classes)), [z - a + 1 for a, z in classes])  # rank -> class
     if deadline is None or not math.isfinite(deadline.remaining()):
@@ -235,17 +242,18 @@ def window_rank_bound(instance: Instance, deadline: Deadline | None = None, most
 
     stored = 0  # table entries kept with the open regions
 
-    def assign(earliest, latest, floor: float, reuse=None):
-        """A region's assignment value (at least `floor`, its parent's), each request's completion batch
+    def assign(earliest, latest, parent: float, reuse=None):
+        """A region's assignment value (at least `parent`, its parent's), each request's completion batch
         in it, how many rows were priced (the rest: cheap rows) and its table where there is room to keep
         it (its early child prices one row again)."""
         nonlocal stored
-        table, when, priced = rank_costs(instance, classes, deadline, earliest, latest, win, reuse)
+        table, when, priced = rank_costs(instance, classes, deadline, earliest, latest, win, reuse,
+                                         floor(np.maximum(win.fewest, earliest)))
         if deadline.expired():  # no time for the assignment (1,000 requests: 0.3 s): each row's least, a bound too
             least = table.min(axis=1)
             if not np.isfinite(least).all():
                 return math.inf, None, priced, None
-            return max(float(least.sum()), floor), when[np.arange(n), table.argmin(axis=1)], priced, None
+            return max(float(least.sum()), parent), when[np.arange(n), table.argmin(axis=1)], priced, None
         full = table[:, column_class]
         try:
             rows, cols = linear_sum_assignment(full)
@@ -257,7 +265,7 @@ def window_rank_bound(instance: Instance, deadline: Deadline | None = None, most
         keep = None
         if stored + table.size <= STORED_ENTRIES:
             keep, stored = (table, when), stored + table.size
-        return max(value, floor), when[rows, column_class[cols]], priced, keep
+        return max(value, parent), when[rows, column_class[cols]], priced, keep
 
     earliest = win.fewest.copy()
     latest = np.full(n, np.iinfo(np.int64).max // 4)
