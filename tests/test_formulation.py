@@ -24,7 +24,7 @@ from kvbound import Batch, CostModel, Instance, Request, Schedule, ScheduleError
 from kvbound.costs import PRESETS
 from kvbound.errors import SchedulerRefused, SchedulerStuck
 from kvbound.alone import minimum_work, time_alone
-from kvbound.bounds.analytic import analytic_bounds
+from kvbound.bounds.analytic import analytic_bounds, completion_order_bounds
 from kvbound.bounds.kv_items import dff_batches, min_batches
 from kvbound.bounds.lp_relaxation import lp_bound
 from kvbound.constraints import Constraints
@@ -379,6 +379,23 @@ def test_analytic_bounds_never_exceed_the_brute_force_optimum(inst, objective):
         assert sum(per_request) / len(inst) <= opt.value * (1 + 1e-9) + 1e-12
     else:
         assert max(r.arrival + t for r, t in zip(inst.requests, per_request)) <= opt.value * (1 + 1e-9) + 1e-12
+
+
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
+@given(inst=instances(max_requests=6, max_prompt=8, max_output=5), scheduler=st.sampled_from(sorted(SCHEDULERS)),
+       objective=st.sampled_from([Objective.MEAN_LATENCY, Objective.MEAN_TTFT]))
+def test_kth_completion_bounds_hold_for_every_schedules_kth_completion(inst, scheduler, objective):
+    """`completion_order_bounds`, k by k (its "by length" part with the batches the tokens and KV need
+    included), against the k-th smallest completion (first-token) time of every scheduler's schedule
+    and of the oracle's: tight M, evictions, chunks, arrivals."""
+    schedules = [heuristic_schedule(inst, scheduler)]
+    if len(inst) <= 3:
+        schedules.append(brute_force(inst, objective).schedule)
+    bound = completion_order_bounds(inst, objective)
+    for schedule in schedules:
+        replay = validate(inst, schedule)
+        times = np.sort(replay.first_token if objective.first_token else replay.completion)
+        assert (bound <= times * (1 + 1e-9) + 1e-12).all(), (list(bound), list(times))
 
 
 @settings(max_examples=50, deadline=None)

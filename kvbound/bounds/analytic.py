@@ -496,7 +496,8 @@ def completion_order_bounds(instance: Instance, objective: Objective, steps: int
     lambda area / M + (1 - lambda) tokens / C is below that maximum and linear in S, so its smallest
     value over k-sets is the sum of the k smallest per-request values. The k-th smallest of the
     per-request bounds (arrival + own minimal time) is a bound too, and so is the batch count of
-    the longest of the k requests run alone plus their work; the largest one counts.
+    the longest of the k requests run alone, or the batches their tokens and KV items need (the k
+    smallest among the requests needing no more batches alone), plus their work; the largest one counts.
 
     With arrivals the same holds from every arrival time t (`release_times`): of the k requests
     done first, at least k - (the number arriving before t) arrive at t or later, and they are
@@ -520,10 +521,17 @@ def completion_order_bounds(instance: Instance, objective: Objective, steps: int
                 share = cost.intercept * (lam * kv_share[late] + (1 - lam) * tokens[late] / capacity_tokens) + work[late]
                 best[before:] = np.maximum(best[before:], t + np.cumsum(np.sort(share)))
     # the k requests done first have also run, between them, as many batches as the longest of them
-    # needs alone (b_i): at least min over B of k0 B + the k smallest works among requests with b_i <= B
+    # needs alone (b_i), and as many as their tokens and KV items need: at least min over B of
+    # k0 max(B, the batches of the k smallest token counts and of the k smallest areas among requests
+    # with b_i <= B) + the k smallest works among them
     alone = batches_alone(instance, objective)
+    room = kv_room(instance.system)
+    area, ramp = kv_shares[0] * room, ramp_capacities(instance)
     by_length = np.full(n, np.inf)
     for B in np.unique(alone):
-        sums = np.cumsum(np.sort(work[alone <= B]))
-        by_length[:len(sums)] = np.minimum(by_length[:len(sums)], cost.intercept * B + sums)
+        among = alone <= B
+        sums = np.cumsum(np.sort(work[among]))
+        held = np.maximum(np.ceil(np.cumsum(np.sort(tokens[among])) / capacity_tokens - 1e-9),
+                          batches_to_hold(np.cumsum(np.sort(area[among])), ramp, room))
+        by_length[:len(sums)] = np.minimum(by_length[:len(sums)], cost.intercept * np.maximum(B, held) + sums)
     return np.maximum(best, by_length)
