@@ -584,7 +584,10 @@ def test_one_machine_bound_takes_each_request_s_own_time_too():
     bounds = {b.name: b.value for b in analytic_bounds(inst, Objective.MEAN_LATENCY)}
     machine = bounds.pop("one machine, shortest remaining share first, and each request alone")
     assert machine == pytest.approx((17.5 - 3.0) / 3)
-    assert machine > max(bounds.values()) + 0.4
+    # the k-th completion bound comes nearest: 2.75, 5 and 9 s (its "by length" part: the KV items of
+    # r2 and r1 take 3 batches of M = 6, all three requests' take 5)
+    assert bounds["k-th completion >= k smallest capacity shares + work"] == pytest.approx((16.75 - 3.0) / 3)
+    assert machine > max(bounds.values()) + 0.2
     assert machine <= brute_force(inst, Objective.MEAN_LATENCY).value
 
 
@@ -635,7 +638,11 @@ def test_first_prefills_in_batches_is_the_optimum_where_decodes_wait():
         bounds = {b.name: b.value for b in analytic_bounds(inst, Objective.MEAN_TTFT)}
         new = bounds.pop("first prefills in batches, shortest first, each batch waited for by every request "
                          "without its first token")
-        assert new == pytest.approx(7.25 / 3) and new > max(bounds.values()) + 0.2
+        # the k-th first token bound comes nearest: 1.25, 1.75 s and, for the third, the batches its
+        # prompts need (1 at P = 8: 2.75 s; 2 at P = 4: 3.75 s, the optimum's own third)
+        third = 2.75 if system.max_prefill_tokens == 8 else 3.75
+        assert bounds["k-th first token >= k smallest capacity shares + prefill work"] == pytest.approx((3.0 + third) / 3)
+        assert new == pytest.approx(7.25 / 3) and new > max(bounds.values()) + 0.15
     assert "first prefills in batches" not in " ".join(
         b.name for b in analytic_bounds(Instance((Request(1, 1), Request(1, 1, 1.0)), SystemConfig(4, 4, 4, 1), cost),
                                         Objective.MEAN_TTFT))  # only where every request arrives together
