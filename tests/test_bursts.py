@@ -81,6 +81,22 @@ def test_the_ttft_bounds_groups_make_valid_schedules_between_the_bound_and_the_o
     assert first_prefill_batches(inst) <= oracle.value * (1 + REL) + 1e-12
 
 
+def test_a_group_whose_prompts_overfill_m_together_is_split_across_batches():
+    # found by hypothesis in CI: M = 2 and the bound's second group, prompts 1 and 2 (C = P = 3 holds
+    # both, M does not): the prompt of 2 waits for the next batch instead of no schedule at all
+    from kvbound import CostModel, Instance, Request, SystemConfig
+    from kvbound.bounds.analytic import first_prefill_groups
+    from kvbound.schedulers.bursts import build_prefill_groups
+
+    inst = Instance((Request(1, 1), Request(1, 1), Request(1, 1), Request(2, 1)), SystemConfig(2, 3, 3, 1),
+                    CostModel(intercept=1.0, per_token=0.1, decode_kv=0.01, prefill_attention=0.001))
+    _, groups = first_prefill_groups(inst)
+    assert groups == [[0, 1], [2, 3]]
+    schedule = build_prefill_groups(inst, groups)
+    assert schedule is not None and [dict(b.tokens) for b in schedule.batches] == [{0: 1, 1: 1}, {2: 1}, {3: 2}]
+    assert validate(inst, schedule).metrics.mean_ttft >= brute_force(inst, Objective.MEAN_TTFT).value * (1 - REL)
+
+
 def test_where_every_group_fits_one_batch_the_groups_schedule_is_optimal():
     # prompts 4, 1, 2 at 0 (outputs 2, 3, 2), M = 7, C = P = 4: the bound's groups {1, 2} then {4} each
     # fit one batch (the first group's KV, 3 tokens, beside the second's 4), so the schedule meets the

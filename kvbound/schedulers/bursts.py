@@ -413,7 +413,8 @@ def build_prefill_groups(instance: Instance, groups: list[list[int]],
     """First tokens in `groups` (request ids, in order): each group's prompts whole in one batch
     where they fit min(C, P) and the batch-size cap, else in as few batches as fit, in the group's
     order; a request with its first token is evicted (the latest made first) when a prompt needs the
-    KV, decodes wait; then `complete_schedule` finishes every request. The groups of the mean-TTFT
+    KV (and where a group's prompts overfill M together, the last ones wait for the next batch),
+    decodes wait; then `complete_schedule` finishes every request. The groups of the mean-TTFT
     batching bound (`bounds.analytic.first_prefill_groups`) make a schedule whose first tokens come
     as that bound's relaxation has them where no group needs more than one batch. None where
     `constraints` forbid it (no chunks and a prompt over min(C, P); no evictions and KV that does
@@ -440,12 +441,18 @@ def build_prefill_groups(instance: Instance, groups: list[list[int]],
                     return None
                 tokens[i] = c
                 room -= c
-            grow = sum(s.blocks(st.m[i] + c) - s.blocks(st.m[i]) for i, c in tokens.items())
+            def growth():
+                return sum(s.blocks(st.m[i] + c) - s.blocks(st.m[i]) for i, c in tokens.items())
+
+            grow = growth()
             kv, evict = st.kv_used, []
             while kv + grow > s.kv_capacity and holders and not constraints.no_evict:
                 h = holders.pop()
                 evict.append(h)
                 kv -= s.blocks(st.m[h])
+            while kv + grow > s.kv_capacity and len(tokens) > 1:  # the group's prompts overfill M together:
+                tokens.popitem()  # the last one added waits for the next batch
+                grow = growth()
             if kv + grow > s.kv_capacity:
                 return None
             batch = Batch(tokens, tuple(evict))
