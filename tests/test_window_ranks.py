@@ -25,15 +25,13 @@ from kvbound.bounds.kv_items import CompletionFloor
 from kvbound.bounds.window_ranks import NAME, WindowRanks, rank_classes, rank_costs, window_rank_bound
 from kvbound.costs.model import CostModel
 from kvbound.deadline import Deadline
-from kvbound.errors import SchedulerRefused
 from kvbound.objective import Objective
-from kvbound.schedulers import FAST_HEURISTICS, run_scheduler
 from kvbound.schedulers.windows import completion_batches
 from kvbound.solvers import SolveOptions, lower_bounds
 from kvbound.workload import Instance, Request, SystemConfig
 from tests.oracle import brute_force
 from tests.test_formulation import instances
-from tests.test_windows import reference_f
+from tests.test_windows import oracle_and_heuristic_schedules, reference_f
 
 REL = 1e-9
 
@@ -84,12 +82,7 @@ def test_never_above_f_of_any_completion_batches_a_schedule_can_have(inst, seed,
 @given(inst=instances(max_requests=6, max_prompt=8, max_output=5), seed=st.integers(0, 2**16))
 def test_no_schedule_completes_k_requests_before_the_floor(inst, seed):
     rng = random.Random(seed)
-    schedules = [brute_force(inst, "mean_latency").schedule] if len(inst) <= 3 else []
-    for name in FAST_HEURISTICS:
-        try:
-            schedules.append(run_scheduler(inst, name).schedule)
-        except SchedulerRefused:  # the case breaks the scheduler's premise (a refill longer than P, ...)
-            pass
+    schedules = oracle_and_heuristic_schedules(inst, oracle=len(inst) <= 3)
     floor = CompletionFloor(inst)
     assert (np.diff(floor.floor) >= 0).all() and floor.floor[0] >= 1
     s = inst.system

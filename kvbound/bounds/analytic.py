@@ -28,7 +28,8 @@ from ..alone import (batches_alone, fewest_batches, first_prefill_work, largest_
 from ..objective import Objective
 from ..workload import Instance
 from .base import Bound, Stage, register
-from .kv_items import batches_to_hold, exclusive_holders, kv_items, kv_room, kv_weights, min_batches, ramp_capacities
+from .kv_items import (batches_for_smallest, batches_to_hold, exclusive_holders, kv_items, kv_room, kv_weights,
+                       min_batches, ramp_capacities)
 
 
 @register
@@ -531,7 +532,6 @@ def completion_order_bounds(instance: Instance, objective: Objective, steps: int
     for B in np.unique(alone):
         among = alone <= B
         sums = np.cumsum(np.sort(work[among]))
-        held = np.maximum(np.ceil(np.cumsum(np.sort(tokens[among])) / capacity_tokens - 1e-9),
-                          batches_to_hold(np.cumsum(np.sort(area[among])), ramp, room))
+        held = batches_for_smallest(tokens[among], capacity_tokens, area[among], ramp, room)
         by_length[:len(sums)] = np.minimum(by_length[:len(sums)], cost.intercept * np.maximum(B, held) + sums)
     return np.maximum(best, by_length)

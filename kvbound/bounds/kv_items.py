@@ -115,6 +115,14 @@ def min_batches(instance: Instance) -> int:
     return max(by_output, by_tokens, by_prefill, by_area, dff_batches(instance, items))
 
 
+def batches_for_smallest(tokens, capacity_tokens: int, area, ramp: np.ndarray, room: float) -> np.ndarray:
+    """Per k = 1, 2, ..: the fewest batches that process the k smallest of `tokens` (at most
+    `capacity_tokens` a batch) and hold the k smallest of `area` (`batches_to_hold`: the prefill ramp,
+    then `room` a batch); any k requests with these token counts and KV areas need that many."""
+    by_tokens = np.ceil(np.cumsum(np.sort(tokens)) / capacity_tokens - 1e-9)
+    return np.maximum(by_tokens, batches_to_hold(np.cumsum(np.sort(area)), ramp, room)).astype(np.int64)
+
+
 class CompletionFloor:
     """The fewest batches by which k requests can all have completed, k = 1..N (batches that process a
     token). The k requests done first processed their tokens (I + O - 1 each, at most C a batch) and held
@@ -130,26 +138,20 @@ class CompletionFloor:
         self.C = s.max_batch_tokens
         items, owner = kv_items(instance, Objective.MEAN_LATENCY)
         self.area = np.bincount(owner, items, n).astype(float)
-        ramp, room = ramp_capacities(instance).astype(float), float(kv_room(s))
-        self.filled, self.room = np.cumsum(ramp), room
-        by_tokens = -(-np.cumsum(np.sort(self.tokens)) // self.C)
-        by_area = batches_to_hold(np.cumsum(np.sort(self.area)), ramp, room)
+        self.ramp, self.room = ramp_capacities(instance), kv_room(s)
         weights = np.sort(kv_weights(instance, Objective.MEAN_LATENCY, (items, owner)), axis=0)
         by_weights = np.ceil(np.cumsum(weights, axis=0) - 1e-9).max(axis=1).astype(np.int64)
         #: floor[k - 1] over every set of k requests
-        self.floor = np.maximum.reduce([by_tokens, np.asarray(by_area, dtype=np.int64), by_weights])
+        self.floor = np.maximum(self._held(np.arange(n)), by_weights)
 
-    def room_of(self, batches: np.ndarray) -> np.ndarray:
-        """The most KV items the first `batches` batches hold together (the ramp's, then M a batch)."""
-        within = np.minimum(batches, len(self.filled))
-        return np.where(within > 0, self.filled[np.maximum(within - 1, 0)], 0.0) + \
-            np.maximum(0, batches - len(self.filled)) * self.room
+    def _held(self, among: np.ndarray) -> np.ndarray:
+        return batches_for_smallest(self.tokens[among], self.C, self.area[among], self.ramp, self.room)
 
     def __call__(self, earliest: np.ndarray) -> np.ndarray:
         """floor[k - 1], where request i completes no earlier than batch earliest[i]: the first batch j
         such that K_{j+1} >= k, K_j (the most requests done before batch j) being the fewest of the
-        requests with earliest < j, of those whose smallest tokens fit in C (j - 1), of those whose
-        smallest areas fit in the first j - 1 batches, and of the ranks whose `floor` is below j."""
+        requests with earliest < j, of those of them whose smallest tokens and areas fit in j - 1
+        batches, and of the ranks whose `floor` is below j."""
         n = len(earliest)
         order = np.argsort(earliest, kind="stable")
         ranked = np.asarray(earliest)[order]
@@ -162,11 +164,8 @@ class CompletionFloor:
             if hi < lo:
                 continue
             j = np.arange(lo, hi + 1)
-            tokens = np.cumsum(np.sort(self.tokens[order[:m]]))
-            area = np.cumsum(np.sort(self.area[order[:m]])) * (1 - 1e-9) - 1e-9  # a hair less passes
             K[lo:hi + 1] = np.minimum.reduce([np.full(len(j), m), plain[lo:hi + 1],
-                                              np.searchsorted(tokens, self.C * (j - 1), side="right"),
-                                              np.searchsorted(area, self.room_of(j - 1), side="right")])
+                                              np.searchsorted(self._held(order[:m]), j - 1, side="right")])
         K[top] = n  # by the floor every request fits: rounding cannot make a later claim
         return np.searchsorted(K, np.arange(1, n + 1), side="left") - 1
 

@@ -226,8 +226,9 @@ def window_rank_bound(instance: Instance, deadline: Deadline | None = None, most
     completion batches whose assignment is lowest is split in two on one request's completion batch
     (a branch and bound over F's minimum: the bound is the least over the regions still open, each
     region's assignment counting only requests that can finish before a batch). `on_value(bound)` is
-    called with the first assignment and at each rise; `most_regions` caps the regions made (1: the first assignment only); where the
-    first assignment is below `split_above` (mean latency, seconds) no region is split."""
+    called with the first assignment and at each rise; `most_regions` caps the regions made (1: the
+    first assignment only); where the first assignment is below `split_above` (mean latency, seconds)
+    no region is split."""
     # imported here: scipy.optimize takes 0.3 s, which every `kvbound` command would pay at start (and a
     # Ctrl-C in its first half second would wait for the first stage instead of stopping it)
     from scipy.optimize import linear_sum_assignment
@@ -244,11 +245,15 @@ def window_rank_bound(instance: Instance, deadline: Deadline | None = None, most
 
     def assign(earliest, latest, parent: float, reuse=None):
         """A region's assignment value (at least `parent`, its parent's), each request's completion batch
-        in it, how many rows were priced (the rest: cheap rows) and its table where there is room to keep
-        it (its early child prices one row again)."""
+        in it, how many rows were priced (the rest: cheap rows) and its table, completion batches and
+        floor where there is room to keep them. `reuse` = (the parent's kept three, the split request):
+        an early child keeps its parent's earliest batches, so its floor, and prices one row again."""
         nonlocal stored
-        table, when, priced = rank_costs(instance, classes, deadline, earliest, latest, win, reuse,
-                                         floor(np.maximum(win.fewest, earliest)))
+        if reuse is None:
+            ranks_floor, repriced = floor(np.maximum(win.fewest, earliest)), None
+        else:
+            ranks_floor, repriced = reuse[2], (reuse[0], reuse[1], reuse[3])
+        table, when, priced = rank_costs(instance, classes, deadline, earliest, latest, win, repriced, ranks_floor)
         if deadline.expired():  # no time for the assignment (1,000 requests: 0.3 s): each row's least, a bound too
             least = table.min(axis=1)
             if not np.isfinite(least).all():
@@ -264,7 +269,7 @@ def window_rank_bound(instance: Instance, deadline: Deadline | None = None, most
             return math.inf, None, priced, None
         keep = None
         if stored + table.size <= STORED_ENTRIES:
-            keep, stored = (table, when), stored + table.size
+            keep, stored = (table, when, ranks_floor), stored + table.size
         return max(value, parent), when[rows, column_class[cols]], priced, keep
 
     earliest = win.fewest.copy()

@@ -441,18 +441,16 @@ def build_prefill_groups(instance: Instance, groups: list[list[int]],
                     return None
                 tokens[i] = c
                 room -= c
-            def growth():
-                return sum(s.blocks(st.m[i] + c) - s.blocks(st.m[i]) for i, c in tokens.items())
-
-            grow = growth()
+            need = {i: s.blocks(st.m[i] + c) - s.blocks(st.m[i]) for i, c in tokens.items()}  # KV each adds
+            grow = sum(need.values())
             kv, evict = st.kv_used, []
             while kv + grow > s.kv_capacity and holders and not constraints.no_evict:
                 h = holders.pop()
                 evict.append(h)
                 kv -= s.blocks(st.m[h])
             while kv + grow > s.kv_capacity and len(tokens) > 1:  # the group's prompts overfill M together:
-                tokens.popitem()  # the last one added waits for the next batch
-                grow = growth()
+                i, _ = tokens.popitem()  # the last one added waits for the next batch
+                grow -= need[i]
             if kv + grow > s.kv_capacity:
                 return None
             batch = Batch(tokens, tuple(evict))
