@@ -341,6 +341,22 @@ def test_ctrl_c_at_start_still_prints_the_json(tmp_path):
     assert json.loads(out)["status"] == "interrupted" and "Traceback" not in err
 
 
+def test_an_interrupt_pending_before_the_solve_computes_nothing_more():
+    # the CI of 2587c16: a SIGINT caught while the command still imported was pending when the solve began,
+    # and the first stage's analytic bounds (which do not poll) still ran, 1-3 s on 1,000 requests
+    from kvbound import interrupt
+    from kvbound.solvers.driver import solve
+
+    instance = load_case(SPLITWISE)
+    interrupt.request()
+    try:
+        result = solve(instance, "mean_latency", time_limit=60)
+    finally:
+        interrupt.reset()
+    assert result.status == "interrupted" and result.schedule is None
+    assert result.bounds == [] and "no bound computed yet" in result.message
+
+
 def _descendants(pid: int) -> list[int]:
     """Every process below `pid` (children, theirs, ...), from /proc."""
     parents = {}

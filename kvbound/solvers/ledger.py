@@ -222,7 +222,8 @@ class Ledger:
             return f"infeasible: {self.impossible or 'no schedule meets the constraints within the certified horizon'}"
         if value is None:
             if self.route is None:
-                return "stopped before any schedule was found; the bound is analytic"
+                bound = "the bound is analytic" if math.isfinite(self.lower) else "no bound computed yet"
+                return f"stopped before any schedule was found; {bound}"
             return "no schedule found" + skipped
         what = "certified" if certified else "analytic (the solver's bound is conditional on the horizon)"
         gap_text = f", gap {gap:.2%}" if gap is not None else ""

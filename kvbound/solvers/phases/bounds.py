@@ -1,6 +1,7 @@
 """The one-shot bounds of a stage (`kvbound.bounds.base.Stage`), each certified on the ledger."""
 from __future__ import annotations
 
+from ... import interrupt
 from ...bounds.base import Stage, registered
 
 
@@ -22,6 +23,10 @@ class Bounds:
     def run(self, ledger) -> None:
         for method in registered(self.stage):
             if self.stage is Stage.SEARCH and ledger.proven:
+                return
+            if interrupt.requested() is not None:
+                # one that came before this stage (while the command imported, or where a phase only
+                # polls) stops it as one during a method does: the analytic bounds do not poll
                 return
             if method.skip_reason(ledger) is not None:
                 continue
