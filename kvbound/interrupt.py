@@ -45,7 +45,7 @@ class Stopped(BaseException):
         self.reason = reason
 
 
-_state = {"signal": None, "raise": True, "installed": False, "early": False}
+_state = {"signal": None, "raise": True, "installed": False, "startup": False}
 _children: dict[int, object] = {}  # id -> a Popen or multiprocessing.Process to kill on a hard exit
 _folders: set[str] = set()
 _watchers: dict[str, tuple] = {}  # folder -> (watcher Popen, the write end of its pipe)
@@ -67,7 +67,7 @@ def request(signum: int = signal.SIGINT) -> None:
 
 def reset() -> None:
     """Forget a pending interrupt (tests, and a library caller that handled one)."""
-    _state["signal"], _state["early"] = None, False
+    _state["signal"] = None
 
 
 def exit_status() -> int:
@@ -85,21 +85,26 @@ def _handler(signum, frame) -> None:
 
 def install() -> None:
     """SIGINT and SIGTERM become requests to stop (main thread only; the CLI calls this). Any
-    earlier interrupt is forgotten, except one `at_startup()`'s handler caught while the CLI started:
-    that one is the command's."""
+    earlier interrupt is forgotten, except in the command's own process, where `at_startup()`'s handler
+    caught every one so far: those are the command's. A signal while the handlers change is never lost
+    and raises nothing here: it is pending, and the command reports what it has at once."""
     if threading.current_thread() is not threading.main_thread():
         return
-    _state["signal"] = _state["signal"] if _state["early"] else None
-    _state["early"] = False
-    signal.signal(signal.SIGINT, _handler)
-    signal.signal(signal.SIGTERM, _handler)
+    if not _state["startup"]:  # a library caller's (or a test's) earlier interrupt is not this command's
+        _state["signal"] = None
+    before, _state["raise"] = _state["raise"], False
+    try:
+        signal.signal(signal.SIGINT, _handler)
+        signal.signal(signal.SIGTERM, _handler)
+    finally:
+        _state["raise"] = before
     _state["installed"] = True
 
 
 def _early_handler(signum, frame) -> None:
     if _state["signal"] is not None:  # a second signal: nothing has started yet
         os._exit(EXIT_STATUS.get(signum, 128 + signum))
-    _state["signal"], _state["early"] = signum, True
+    _state["signal"] = signum
 
 
 def at_startup() -> None:
@@ -111,6 +116,7 @@ def at_startup() -> None:
     for sig in SIGNALS:
         if signal.getsignal(sig) in (signal.SIG_DFL, signal.default_int_handler):  # never one ignored on purpose
             signal.signal(sig, _early_handler)
+            _state["startup"] = True
 
 
 def _is_cli() -> bool:
@@ -152,7 +158,7 @@ def held():
 def uninstall() -> None:
     """Forget the handlers (the caller restores the previous ones) and any pending interrupt."""
     _state["installed"] = False
-    _state["signal"], _state["early"] = None, False
+    _state["signal"], _state["startup"] = None, False
     _state["raise"] = True
 
 

@@ -357,6 +357,33 @@ def test_an_interrupt_pending_before_the_solve_computes_nothing_more():
     assert result.bounds == [] and "no bound computed yet" in result.message
 
 
+def test_a_signal_while_the_command_installs_its_handlers_is_kept_and_raises_nothing(monkeypatch):
+    # install() runs before the command's own guard: a signal there used to raise (a traceback) from
+    # the new handler; in the command's process none that at_startup's handler caught is forgotten
+    from kvbound import interrupt
+
+    real = signal.signal
+    previous = {sig: signal.getsignal(sig) for sig in interrupt.SIGNALS}
+
+    def a_signal_arrives(sig, handler):
+        before = real(sig, handler)
+        if sig == signal.SIGINT:
+            handler(signal.SIGINT, None)  # what Python runs at its next instruction
+        return before
+
+    try:
+        interrupt.uninstall()
+        interrupt._state["startup"] = True  # as `at_startup` leaves it in the command's process
+        monkeypatch.setattr(signal, "signal", a_signal_arrives)
+        interrupt.install()
+        assert interrupt.requested() == signal.SIGINT and interrupt.raises_now()
+    finally:
+        monkeypatch.undo()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        interrupt.uninstall()
+
+
 def _descendants(pid: int) -> list[int]:
     """Every process below `pid` (children, theirs, ...), from /proc."""
     parents = {}
