@@ -164,6 +164,8 @@ def test_compare_keeps_a_row_for_a_refusing_scheduler(cli, case):
     assert "refused" in vllm_line and "does not chunk" in vllm_line
     rc, out, err = cli("compare", path, "--schedulers", "vllm,sarathi", "--markdown")
     assert rc == 0 and "| vllm | refused:" in out
+    rc, out, err = cli("compare", path, "--schedulers", "vllm")  # every row refused: the table still prints
+    assert (rc, err) == (0, "") and "does not chunk" in out.splitlines()[-1]
 
 
 def test_compare_markdown_and_plot(cli, case, tmp_path):

@@ -38,6 +38,18 @@ def test_a_capped_search_names_what_it_keeps():
     assert always.cap_note.startswith("the SLO attainment >= 0.7 is not met")
 
 
+def test_an_interrupt_pending_before_the_search_measures_nothing():
+    # one caught while the command imported raises nothing: the search used to bisect on regardless
+    from kvbound import interrupt
+
+    interrupt.request()
+    try:
+        result = capacity(INST, "sarathi", SLO, 0.7)
+    finally:
+        interrupt.reset()
+    assert result.interrupted and result.evaluations == 0 and result.rate_factor == 0
+
+
 def test_capacity_bad_input():
     with pytest.raises(InputError, match="same time"):
         capacity(Instance((Request(4, 3),) * 2, INST.system, INST.cost), "sarathi", SLO)

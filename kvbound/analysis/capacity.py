@@ -126,6 +126,8 @@ def _search(instance: Instance, scheduler: str, measure: Callable[[Instance], fl
 
     def att(f: float) -> float:
         if f not in seen:
+            if interrupt.requested() is not None:  # one pending since before the search (it raises only as it comes)
+                raise Stopped("interrupted")
             seen[f] = measure(scale_arrivals(instance, f))
             if progress:
                 progress(f, seen[f])

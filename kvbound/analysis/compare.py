@@ -149,7 +149,8 @@ class ComparisonTable:
 
     def to_text(self) -> str:
         cells = self._cells()
-        widths = [max(len(h), *(len(c[k]) for c in cells if not c[k].startswith("refused"))) if cells else len(h)
+        # a refused row spans the columns with its reason: it sets no width (every row may be refused)
+        widths = [max([len(h), *(len(c[k]) for c in cells if k == 0 or not c[1].startswith("refused"))])
                   for k, h in enumerate(self._HEADERS)]
         lines = [self._caption(), "  ".join(h.rjust(w) if k else h.ljust(w) for k, (h, w) in enumerate(zip(self._HEADERS, widths)))]
         for c in cells:
