@@ -421,6 +421,38 @@ def test_dual_feasible_batch_count_on_the_figure_15_family(I):
         assert validate(inst, run_scheduler(inst, name).schedule).metrics.batches >= 14
 
 
+@settings(max_examples=30, deadline=None)
+@given(inst=instances(min_requests=1, max_requests=5, max_prompt=9, max_output=5), objective=st.sampled_from(list(Objective)))
+def test_kv_weights_are_each_items_dual_feasible_weights_summed_by_request(inst, objective):
+    # kv_weights prices each distinct item size once and sums exact numerators through (request, size)
+    # counts: the same as the definition, item by item
+    from kvbound.bounds.kv_items import DFF_FUNCTIONS, dual_feasible_weights, kv_items, kv_weights
+
+    items, owner = kv_items(inst, objective)
+    M, n = inst.system.kv_capacity, len(inst)
+    by_item = np.stack([np.bincount(owner, dual_feasible_weights(items, M, k), n) for k in range(1, DFF_FUNCTIONS + 1)],
+                       axis=1)
+    assert np.allclose(kv_weights(inst, objective, (items, owner)), by_item, rtol=1e-12, atol=0)
+
+
+@settings(max_examples=30, deadline=None)
+@given(inst=instances(min_requests=1, max_requests=4, max_prompt=6, max_output=4, arrivals=True),
+       objective=st.sampled_from(list(Objective)))
+def test_analytic_bounds_cut_by_their_deadline_are_the_first_of_the_full_list(inst, objective):
+    # with a deadline that has passed, the cheapest bound alone (the k-th completion / one-machine loops
+    # stop too, at values that are still bounds: a maximum over part of their release times or multipliers)
+    from kvbound.bounds.analytic import one_machine_completions
+
+    full = analytic_bounds(inst, objective)
+    cut = analytic_bounds(inst, objective, Deadline(0.0))
+    assert [b.name for b in cut] == [b.name for b in full[:1]] and cut[0].value == full[0].value
+    if objective.is_mean:
+        spans = np.sort(inst.arrivals + time_alone(inst, objective))
+        partial = completion_order_bounds(inst, objective, deadline=Deadline(0.0))
+        assert (spans <= partial).all() and (partial <= completion_order_bounds(inst, objective) + 1e-12).all()
+        assert one_machine_completions(inst, objective, deadline=Deadline(0.0)) <= one_machine_completions(inst, objective) + 1e-12
+
+
 # ------------------------------------------------------------------------------ the release bound
 
 def test_release_bound_counts_the_batches_of_a_late_burst():

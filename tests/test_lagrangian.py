@@ -433,9 +433,9 @@ def test_bound_command_computes_the_analytic_bounds_once(monkeypatch, tiny_auto_
     calls = []
     real = bounds_module.analytic_bounds
 
-    def counted(instance, objective):
+    def counted(instance, objective, deadline=None):
         calls.append(objective)
-        return real(instance, objective)
+        return real(instance, objective, deadline)
 
     monkeypatch.setattr(bounds_module, "analytic_bounds", counted)
     bounds, res = lower_bounds(conv_like(), SolveOptions(Objective.MEAN_LATENCY, time_limit=1.0))

@@ -218,7 +218,7 @@ def compare(instance: Instance, schedulers="all", *, solve: bool = False, option
     # do); a solver bound only when its horizon is certified
     try:
         with (deadline or Deadline(None)).enforced():
-            bounds = [(b.value, b.name) for b in analytic_bounds(instance, options.objective)
+            bounds = [(b.value, b.name) for b in analytic_bounds(instance, options.objective, deadline)
                       if b.certified and math.isfinite(b.value)]
     except Stopped:
         bounds = []

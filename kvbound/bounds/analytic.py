@@ -25,6 +25,7 @@ import numpy as np
 from ..accounting import round_to_blocks
 from ..alone import (batches_alone, fewest_batches, first_prefill_work, largest_chunk, least_work, minimum_work,
                      refilled_token_work, time_alone, token_work, work_alone)
+from ..deadline import Deadline
 from ..objective import Objective
 from ..workload import Instance
 from .base import Bound, Stage, register
@@ -36,23 +37,33 @@ from .kv_items import (batches_for_smallest, batches_to_hold, exclusive_holders,
 class AnalyticBounds:
     """Every bound of this module, from the instance alone."""
 
-    name, stage, share = "analytic", Stage.FIRST, 1.0
+    # half of the time left: the heuristics need the rest for a schedule (on 19,366 requests all of these
+    # take 31 s, bench/results/NOTES.md)
+    name, stage, share = "analytic", Stage.FIRST, 0.5
 
     def skip_reason(self, known) -> str | None:
         return None
 
     def compute(self, known, deadline) -> list[Bound]:
-        return analytic_bounds(known.instance, known.objective)
+        return analytic_bounds(known.instance, known.objective, deadline)
 
 
-def analytic_bounds(instance: Instance, objective: Objective) -> list[Bound]:
+def analytic_bounds(instance: Instance, objective: Objective, deadline: Deadline | None = None) -> list[Bound]:
+    """The module's bounds, cheapest first. With `deadline`, those done when it passes (each loop over
+    release times or multipliers stops there too: a maximum over part of them is a bound all the same)."""
     t0 = time.perf_counter()
     cost = instance.cost
     out = []
+
+    def expired() -> bool:
+        return deadline is not None and deadline.expired()
+
     if not objective.is_mean:
         nb = min_batches(instance)
         out.append(Bound("batches x intercept + minimum work", nb * cost.intercept + minimum_work(instance),
                          time.perf_counter() - t0, note=f"at least {nb} batches", batches=nb))
+        if expired():
+            return out
         held = exclusive_holders_bound(instance, nb)
         if held is not None:
             value, batches, note = held
@@ -60,7 +71,7 @@ def analytic_bounds(instance: Instance, objective: Objective) -> list[Bound]:
                              value, time.perf_counter() - t0, note=note, batches=batches))
         per_req = float((instance.arrivals + time_alone(instance, objective)).max())
         out.append(Bound("latest arrival + own work", per_req, time.perf_counter() - t0))
-        if not instance.offline:
+        if not instance.offline and not expired():
             value, t = release_bound(instance)
             out.append(Bound("arrival t + batches x intercept + work of the requests arriving from t", value,
                              time.perf_counter() - t0, note=f"t = {t:.6g} s"))
@@ -70,25 +81,31 @@ def analytic_bounds(instance: Instance, objective: Objective) -> list[Bound]:
     alone = float(own.sum()) / len(instance)
     out.append(Bound("mean first prefill of each request alone" if first else "mean of each request alone", alone,
                      time.perf_counter() - t0))
+    if expired():
+        return out
     shares = request_shares(instance, objective)  # the dual-feasible weights are the costly part: computed once
-    ordered = completion_order_bounds(instance, objective, shares=shares)
+    ordered = completion_order_bounds(instance, objective, shares=shares, deadline=deadline)
     out.append(Bound("k-th first token >= k smallest capacity shares + prefill work" if first else
                      "k-th completion >= k smallest capacity shares + work",
                      float(ordered.sum() - instance.arrivals.sum()) / len(instance), time.perf_counter() - t0))
-    if first and len(instance) and float(np.ptp(instance.arrivals)) == 0.0:
+    if first and len(instance) and float(np.ptp(instance.arrivals)) == 0.0 and not expired():
         out.append(Bound("first prefills in batches, shortest first, each batch waited for by every request "
                          "without its first token", first_prefill_batches(instance), time.perf_counter() - t0))
-    if not instance.offline:  # all at once it is the shares bound above
+    if not instance.offline and not expired():  # all at once it is the shares bound above
         out.append(Bound("one machine, shortest remaining prefill share first, and each prefill alone" if first else
                          "one machine, shortest remaining share first, and each request alone",
-                         float(one_machine_completions(instance, objective, shares=shares, own=own)
+                         float(one_machine_completions(instance, objective, shares=shares, own=own, deadline=deadline)
                                - instance.arrivals.sum()) / len(instance),
                          time.perf_counter() - t0))
+        if expired():
+            return out
         out.append(Bound("each first prefill's own intercepts + one machine of every prefill's work, shortest "
                          "remaining first" if first else
                          "each request's own intercepts + one machine of every request's work, shortest remaining first",
                          own_intercepts_and_work_machine(instance, objective) / len(instance),
                          time.perf_counter() - t0))
+    if expired():
+        return out
     waits = pairwise_work_waits(instance, objective)
     out.append(Bound("each first prefill alone + pairwise prefill waits" if first else
                      "each request alone + pairwise work waits", alone + waits / len(instance),
@@ -130,7 +147,7 @@ def exclusive_holders_bound(instance: Instance, fewest: int | None = None) -> tu
 
 
 def one_machine_completions(instance: Instance, objective: Objective, steps: int = 11, shares=None,
-                            own: np.ndarray | None = None) -> float:
+                            own: np.ndarray | None = None, deadline: Deadline | None = None) -> float:
     """A lower bound on the sum of completion (first-token) times: one preemptive machine with arrivals.
 
     Give request r in each batch it generates a token in the share k0 (lam kv / M + (1 - lam)
@@ -142,7 +159,7 @@ def one_machine_completions(instance: Instance, objective: Objective, steps: int
     completion S_(k) is at most M_(k); and C_r >= e_r = a_r + r's own time (`own`). Pairing sorted
     with sorted minimises a sum of maxima, so sum_r C_r >= sum_k max(S_(k), e_(k)): the machine's
     backlog after a burst and each request's least span together. The largest over lam and the
-    dual-feasible functions counts.
+    dual-feasible functions counts (with `deadline`, over those tried by then: the KV area's always).
     """
     cost = instance.cost
     share_parts, work, tokens, capacity_tokens = shares or request_shares(instance, objective)
@@ -155,6 +172,8 @@ def one_machine_completions(instance: Instance, objective: Objective, steps: int
         for lam in np.linspace(0.0, 1.0, steps):
             p = cost.intercept * (lam * kv_share + (1 - lam) * tokens / capacity_tokens) + work
             best = max(best, float(np.maximum(srpt_completions(arrivals, p[order]), spans).sum()))
+        if deadline is not None and deadline.expired():
+            break
     return best
 
 
@@ -486,7 +505,8 @@ def first_prefill_groups(instance: Instance) -> tuple[float, list[list[int]]]:
     return value, groups[::-1]
 
 
-def completion_order_bounds(instance: Instance, objective: Objective, steps: int = 11, shares=None) -> np.ndarray:
+def completion_order_bounds(instance: Instance, objective: Objective, steps: int = 11, shares=None,
+                            deadline: Deadline | None = None) -> np.ndarray:
     """Lower bounds on the k-th smallest completion (first-token) time, k = 1..N.
 
     The k requests done first, a set S, have together used the KV capacity for their whole area
@@ -504,6 +524,9 @@ def completion_order_bounds(instance: Instance, objective: Objective, steps: int
     done first, at least k - (the number arriving before t) arrive at t or later, and they are
     served in batches that start at t or later, so the k-th completion is at least t plus the sum
     of that many smallest shares among the requests arriving from t.
+
+    With `deadline`, the release times tried by then (the earliest first), and the "by length" part
+    only where it is reached before the deadline (it is a least over B: all of it, or none).
     """
     cost = instance.cost
     n = len(instance)
@@ -513,6 +536,8 @@ def completion_order_bounds(instance: Instance, objective: Objective, steps: int
     kv_shares, work, tokens, capacity_tokens = shares or request_shares(instance, objective)
     arrivals = instance.arrivals
     for t in release_times(arrivals):
+        if deadline is not None and deadline.expired():
+            return best
         # of the k requests done first, at least k - (those arriving before t) arrive at t or later
         # and are served in batches that start at t or later
         late = arrivals >= t
