@@ -92,12 +92,9 @@ def install() -> None:
         return
     if not _state["startup"]:  # a library caller's (or a test's) earlier interrupt is not this command's
         _state["signal"] = None
-    before, _state["raise"] = _state["raise"], False
-    try:
+    with deferred():
         signal.signal(signal.SIGINT, _handler)
         signal.signal(signal.SIGTERM, _handler)
-    finally:
-        _state["raise"] = before
     _state["installed"] = True
 
 

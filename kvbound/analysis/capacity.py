@@ -138,24 +138,25 @@ def _search(instance: Instance, scheduler: str, measure: Callable[[Instance], fl
         return CapacityResult(scheduler, best, rate * best, seen.get(best, 0.0), len(seen), target=target, **flags)
 
     try:
-        lo, hi = 1.0, 1.0
-        if ok(att(1.0)):
-            while hi < LIMIT and ok(att(hi * 2)):
-                hi *= 2
-            lo, hi = hi, hi * 2
-        else:
-            while lo > 1 / LIMIT and not ok(att(lo / 2)):
-                lo /= 2
-            lo, hi = lo / 2, lo
-        if hi > LIMIT or lo < 1 / LIMIT:  # never fell below the target, or never reached it
-            return best_seen(capped=True)
-        while hi / lo > 1 + rel_tol:
-            mid = math.sqrt(lo * hi)
-            if ok(att(mid)):
-                lo = mid
+        with interrupt.raising():  # one pending since before the search too (it would raise only as it came)
+            lo, hi = 1.0, 1.0
+            if ok(att(1.0)):
+                while hi < LIMIT and ok(att(hi * 2)):
+                    hi *= 2
+                lo, hi = hi, hi * 2
             else:
-                hi = mid
-        return CapacityResult(scheduler, lo, rate * lo, att(lo), len(seen), target=target)
+                while lo > 1 / LIMIT and not ok(att(lo / 2)):
+                    lo /= 2
+                lo, hi = lo / 2, lo
+            if hi > LIMIT or lo < 1 / LIMIT:  # never fell below the target, or never reached it
+                return best_seen(capped=True)
+            while hi / lo > 1 + rel_tol:
+                mid = math.sqrt(lo * hi)
+                if ok(att(mid)):
+                    lo = mid
+                else:
+                    hi = mid
+            return CapacityResult(scheduler, lo, rate * lo, att(lo), len(seen), target=target)
     except Stopped:  # an interrupt: the best factor measured by then, said so
         if interrupt.requested() is None:
             raise
