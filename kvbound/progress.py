@@ -22,8 +22,20 @@ _active = {"on": False}
 
 def report(**fields) -> None:
     """Tell the progress line what is known now (cheap, and a no-op when no line is shown)."""
-    if _active["on"]:
+    if _active["on"] and not _active.get("muted"):
         _fields.update(fields)
+
+
+@contextlib.contextmanager
+def muted():
+    """Reports inside are dropped: a solve of part of the instance (`phases.periods`) would show its
+    own values as the whole's."""
+    before = _active.get("muted", 0)
+    _active["muted"] = before + 1
+    try:
+        yield
+    finally:
+        _active["muted"] = before
 
 
 def _text(started: float) -> str:

@@ -6,7 +6,7 @@ Every problem with an instance is raised as `InputError(file, field, problem)`.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 import numpy as np
@@ -80,6 +80,11 @@ class Instance:
     @property
     def offline(self) -> bool:
         return bool((self.arrivals == 0).all())
+
+    def from_zero(self) -> "Instance":
+        """The same requests with every arrival less the first one (no latency changes)."""
+        first = float(self.arrivals.min()) if self.requests else 0.0
+        return replace(self, requests=tuple(replace(r, arrival=r.arrival - first) for r in self.requests))
 
     def with_system(self, **changes) -> "Instance":
         s = self.system

@@ -288,6 +288,11 @@ def test_interrupted_capacity_reports_the_best_factor_so_far(tmp_path, shared_da
     assert data["status"] == "interrupted" and data["rate_factor"] >= 0 and "interrupted" in err and os.listdir(tmp) == []
 
 
+#: a case whose rate points each take their share of the limit: one busy period of ten requests, which no
+#: solve proves (gt_conv_r0's points, windows of 1-3 requests, are proven in 0.3 s since busy periods)
+HEADROOM_CASE = REPO / "cases" / "ground_truth" / "gt_conv_r100_n10_s200_tight_arr.toml"
+
+
 @pytest.mark.parametrize("workers, points", [([], [] if (os.cpu_count() or 1) > 1 else [0.5]),
                                              (["--workers", "1"], [0.5])])
 def test_interrupted_headroom_prints_what_is_finished(tmp_path, workers, points):
@@ -295,7 +300,7 @@ def test_interrupted_headroom_prints_what_is_finished(tmp_path, workers, points)
     # 3 s in, the capacity searches are done and the points run; Ctrl-C stops them within 2 s, leaves
     # no worker, starts no further point and prints the finished units (in this process the point that
     # ran hears the interrupt and ends with its best so far)
-    case = REPO / "cases" / "ground_truth" / "gt_conv_r0_n8_s40_tight_arr.toml"
+    case = HEADROOM_CASE
     proc, _ = _start(["headroom", case, "--rates", "0.5,1,2,4", "--time-limit", "60", "--json", *workers], tmp_path)
     seconds, out, err, kids = _signal_and_wait(proc, signal.SIGINT, 3.0)
     assert proc.returncode == 130 and seconds <= EXIT_WITHIN, (out, err)
@@ -309,7 +314,7 @@ def test_interrupted_headroom_prints_what_is_finished(tmp_path, workers, points)
 def test_interrupted_headroom_keeps_its_finished_units_for_a_rerun(tmp_path):
     # with --out: Ctrl-C keeps what is finished (the capacity bound and searches) and not the point it cut
     # short; DIR/headroom.json is the printed result; a rerun into the same folder takes the kept units
-    case = REPO / "cases" / "ground_truth" / "gt_conv_r0_n8_s40_tight_arr.toml"
+    case = HEADROOM_CASE
     folder = tmp_path / "run"
     proc, _ = _start(["headroom", case, "--rates", "0.5,1", "--time-limit", "60", "--json", "--workers", "1",
                       "--out", folder], tmp_path)

@@ -1,6 +1,6 @@
 """`solve_with(instance, options) -> Result`: the best schedule and a stated lower bound.
 
-One visible loop: every phase of the plan that applies to what the ledger holds runs, offering
+One visible loop (`Ledger.run`): every phase of the plan that applies to what the ledger holds runs, offering
 schedules and certifying bounds on it, and the result is read off the ledger. The heuristics'
 schedules (valid under the semantics and the hypothesis constraints) give an upper bound and the
 warm start; the upper bound fixes a horizon J that provably admits an optimal schedule; the model
@@ -10,6 +10,7 @@ and that exact latency is what is reported.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from .. import interrupt
 from ..backends import BACKENDS, SOLVERS, chosen_backends
@@ -18,7 +19,8 @@ from ..constraints import Constraints
 from ..deadline import Deadline
 from ..errors import InputError, KvboundError
 from ..formulation import FORMULATION_KINDS
-from ..interrupt import Stopped
+from ..schedule import Schedule, validate
+from ..workload import Instance
 from ..schedulers import FAST_HEURISTICS
 from .ledger import Ledger
 from .options import DEFAULT_TIME_LIMIT, SEARCH, SolveOptions
@@ -37,15 +39,27 @@ def solve_with(instance, options: SolveOptions, deadline: Deadline | None = None
     if options.export and options.formulation == SEARCH:
         raise InputError("", "export", f"--formulation {SEARCH} builds no model to write; name a model "
                                        f"({', '.join(FORMULATION_KINDS)}) or use auto")
+    shift = float(instance.arrivals.min()) if len(instance) else 0.0
+    if shift > 0 and options.objective.is_mean and not options.export:
+        # a shift of every arrival changes no latency, but a model's horizon counts batches from 0
+        return _shifted_back(solve_with(instance.from_zero(), options, deadline), instance, shift)
     ledger = Ledger(instance, options, deadline)
-    for phase in PLAN:
-        if phase.applies(ledger):
-            try:
-                phase.run(ledger)
-            except Stopped:  # an interrupt (or a deadline) outside a phase's own guard: what is known stands
-                pass
+    ledger.run(PLAN)
     with interrupt.deferred():  # what is known is reported, whatever comes now
         return ledger.result(ledger.backend or solver)
+
+
+def _shifted_back(result: Result, instance: Instance, shift: float) -> Result:
+    """`result` of `instance.from_zero()` as one of `instance`: every batch at its start plus `shift`,
+    the metrics replayed on `instance` (the latencies are the same)."""
+    if result.schedule is None:
+        return result
+    with interrupt.deferred():
+        starts = validate(instance.from_zero(), result.schedule).batch_start
+        schedule = Schedule(instance.requests, [replace(b, start=float(t) + shift)
+                                                for b, t in zip(result.schedule.batches, starts)])
+        metrics = validate(instance, schedule).metrics
+        return replace(result, schedule=schedule, metrics=metrics, objective=result.objective_name.of(metrics))
 
 
 def solve(instance, objective: str = "total_latency", backend: str = "auto", time_limit: float = DEFAULT_TIME_LIMIT,

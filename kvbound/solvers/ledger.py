@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from .. import interrupt, progress
 from ..bounds.base import REL_TOL, Bound, bound_above, meets
 from ..deadline import Deadline
+from ..interrupt import Stopped
 from ..schedule import Metrics, Schedule, validate
 from ..workload import Instance
 from .options import SolveOptions
@@ -87,6 +88,20 @@ class Ledger:
         self.impossible: str | None = None  # why the case alone shows that no schedule meets the constraints
         self.exported: str | None = None  # where the model was written (`options.export`)
         self.export_problem: str | None = None  # why it was not
+        self.phases: tuple = ()  # the plan `run` goes through
+
+    # ------------------------------------------------------------------ the loop
+
+    def run(self, phases) -> None:
+        """Every phase of `phases` (the plan) that applies to what the ledger holds, in order; a phase that
+        solves part of the instance runs the same plan on a ledger of its own (`self.phases`)."""
+        self.phases = phases
+        for phase in phases:
+            if phase.applies(self):
+                try:
+                    phase.run(self)
+                except Stopped:  # an interrupt (or a deadline) outside a phase's own guard: what is known stands
+                    pass
 
     # ------------------------------------------------------------------ what bounds may read (`bounds.base.Known`)
 

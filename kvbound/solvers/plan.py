@@ -15,6 +15,7 @@ from .phases.exhaust import Exhaust
 from .phases.heuristics import ChooseRoute, Heuristics
 from .phases.model import Model
 from .phases.packing import Packing
+from .phases.periods import BusyPeriods
 from .phases.race_first import RaceFirst
 from .phases.search import Search
 from .phases.windows import Windows
@@ -23,6 +24,7 @@ PLAN = (
     Bounds(Stage.FIRST),  # the analytic bounds, from the instance alone
     Heuristics(),  # the warm-start heuristics and the serial schedule
     Exhaust(),  # tiny instances: the optimum by exhausting the states
+    BusyPeriods(),  # mean objectives with arrivals: the windows between idle times, each solved alone
     ChooseRoute(BACKENDS),  # a model, the search, or neither
     Bounds(Stage.MODEL),  # before a model, where every bound is asked for (the LP relaxation)
     BurstSeeds(),  # before a model, mean objectives: burst schedules as its incumbent, in 15% of the time

@@ -15,6 +15,7 @@ from ..ledger import Candidate, Ledger
 from ..options import SolveOptions
 from ..route import route
 from .exhaust import NAME as EXHAUSTED
+from .periods import NAME as BUSY_PERIODS
 
 #: the part of the time the heuristics may use (they stop at it; a model gets the rest)
 HEURISTIC_SHARE = 0.5
@@ -65,6 +66,17 @@ def heuristic_candidates(instance, options: SolveOptions) -> list[Candidate]:
     return ledger.seeds
 
 
+def _why_proven(ledger) -> str:
+    """Which bound the best schedule met before any model."""
+    def met(name: str) -> bool:
+        return name in ledger.rows and meets(ledger.best.value, ledger.rows[name].value)
+    if met(EXHAUSTED):
+        return "the best schedule meets the exhaustive search's bound: optimal without a model"
+    if met(BUSY_PERIODS):
+        return "the busy periods, each solved to a proof, meet the best schedule: optimal without a model"
+    return "the best heuristic schedule meets the analytic bound: optimal without a model"
+
+
 class ChooseRoute:
     """A model (which, at what horizon) or the search, from the best schedule meeting the constraints;
     none where the heuristics were stopped before any schedule."""
@@ -89,9 +101,6 @@ class ChooseRoute:
         if ledger.done() and ledger.proven:
             # a heuristic schedule meets a certified bound (valid under any constraints): it is optimal,
             # and a model could add nothing but time and memory
-            searched = EXHAUSTED in ledger.rows and meets(ledger.best.value, ledger.rows[EXHAUSTED].value)
-            ledger.skipped = ("the best schedule meets the exhaustive search's bound: optimal without a model"
-                              if searched else
-                              "the best heuristic schedule meets the analytic bound: optimal without a model")
+            ledger.skipped = _why_proven(ledger)
         elif chosen.way == "none":
             ledger.skipped = chosen.why_not
