@@ -318,7 +318,7 @@ def busy_periods(spec, objective: str, o: dict, limit: float, oracle_limit: floa
     in `limit` s), and the brute-force oracle on each window alone. A partition's optima add up to a
     lower bound (docs/formulation.md, "Busy periods"), and the windows' optimal schedules one after
     another are a schedule of the whole: where its validated value meets that sum, it is the optimum."""
-    from kvbound import Schedule, load_case, validate
+    from kvbound import load_case, validate
     from kvbound.io.schedules import schedule_from_json
     from kvbound.objective import Objective
     from kvbound.solvers import solve
@@ -338,8 +338,7 @@ def busy_periods(spec, objective: str, o: dict, limit: float, oracle_limit: floa
         if not run.get("finished"):
             o["periods"] = {"windows": runs, "finished": False}
             return
-        window, shift = window_instance(inst, members)
-        parts.append((members, schedule_from_json(run["schedule"]), shift))
+        parts.append((members, schedule_from_json(run["schedule"]), window_instance(inst, members)[1]))
         total += len(members) * run["value"]
     schedule = one_after_another(inst, parts)
     value = obj.of(validate(inst, schedule).metrics)

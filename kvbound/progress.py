@@ -17,12 +17,12 @@ import threading
 import time
 
 _fields: dict = {}
-_active = {"on": False}
+_active = {"on": False, "muted": 0}
 
 
 def report(**fields) -> None:
     """Tell the progress line what is known now (cheap, and a no-op when no line is shown)."""
-    if _active["on"] and not _active.get("muted"):
+    if _active["on"] and not _active["muted"]:
         _fields.update(fields)
 
 
@@ -30,7 +30,7 @@ def report(**fields) -> None:
 def muted():
     """Reports inside are dropped: a solve of part of the instance (`phases.periods`) would show its
     own values as the whole's."""
-    before = _active.get("muted", 0)
+    before = _active["muted"]
     _active["muted"] = before + 1
     try:
         yield

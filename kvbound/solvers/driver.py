@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+import numpy as np
+
 from .. import interrupt
 from ..backends import BACKENDS, SOLVERS, chosen_backends
 from ..bounds.base import Bound
@@ -19,11 +21,12 @@ from ..constraints import Constraints
 from ..deadline import Deadline
 from ..errors import InputError, KvboundError
 from ..formulation import FORMULATION_KINDS
-from ..schedule import Schedule, validate
+from ..schedule import validate
 from ..workload import Instance
 from ..schedulers import FAST_HEURISTICS
 from .ledger import Ledger
 from .options import DEFAULT_TIME_LIMIT, SEARCH, SolveOptions
+from .phases.periods import one_after_another
 from .plan import PLAN
 from .result import Result
 
@@ -55,9 +58,7 @@ def _shifted_back(result: Result, instance: Instance, shift: float) -> Result:
     if result.schedule is None:
         return result
     with interrupt.deferred():
-        starts = validate(instance.from_zero(), result.schedule).batch_start
-        schedule = Schedule(instance.requests, [replace(b, start=float(t) + shift)
-                                                for b, t in zip(result.schedule.batches, starts)])
+        schedule = one_after_another(instance, [(np.arange(len(instance)), result.schedule, shift)])
         metrics = validate(instance, schedule).metrics
         return replace(result, schedule=schedule, metrics=metrics, objective=result.objective_name.of(metrics))
 
