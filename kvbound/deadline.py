@@ -65,6 +65,11 @@ class Deadline:
         child._off = self._off
         return child
 
+    def with_grace(self) -> "Deadline":
+        """The same deadline later by half of what the promise allows past it (`overrun_allowed`): for the
+        one thing a command should not return without (a first schedule), never for improving one."""
+        return self.shifted(0.5 * overrun_allowed(self.limit)) if math.isfinite(self.limit) else self
+
     @contextlib.contextmanager
     def enforced(self):
         """Within: `Stopped` is raised when this deadline passes (SIGALRM; main thread, real clock) or
@@ -93,6 +98,11 @@ class Deadline:
 
     def __repr__(self) -> str:
         return f"Deadline(remaining={self.remaining():.3f} s of {self.limit:g} s)"
+
+
+def overrun_allowed(limit: float) -> float:
+    """The promise of every `--time-limit T`: the command ends within max(2 s, 10%) of T."""
+    return max(2.0, 0.1 * limit)
 
 
 #: seconds between alarms once the deadline has passed: a `Stopped` raised where Python swallows

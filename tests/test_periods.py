@@ -11,26 +11,32 @@ schedule is idle, each window solved alone (`kvbound.solvers.phases.periods`).
 * `busy_windows` cuts exactly before the arrivals at or after every earlier request's completion.
 * In a solve: on the ground-truth case whose chain MIP stayed unproven in 150 s, the windows are each
   proven, the solve is optimal, and its value is the sum of the oracle's optima of the windows;
-  `kvbound bound` lists the row; an interrupt during the windows keeps the bound of the windows
-  solved (the others counted alone) and a schedule.
+  `kvbound bound` lists the row; the windows in this process, on a pool of 2 and on a local Ray of 2
+  give the same row; an interrupt during the windows (here or on a pool) keeps the bound of the
+  windows solved (the others counted alone) and a schedule.
 * A case whose first arrival is not 0 is solved as from 0: the ground truth's code case 1 s later is
   proven at its recorded optimum, its schedule in the case's own time.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvbound import interrupt, load_case, validate
 from kvbound.alone import time_alone
 from kvbound.objective import Objective
-from kvbound.solvers import lower_bounds, solve
+from kvbound.solvers import driver, lower_bounds, solve
+from kvbound.solvers.ledger import Ledger
 from kvbound.solvers.options import SolveOptions
-from kvbound.solvers.phases.periods import NAME, busy_windows, one_after_another, restricted, window_instance
+from kvbound.solvers.phases.periods import (NAME, POOL_FROM, busy_windows, one_after_another, restricted,
+                                            window_instance)
+from kvbound.units import UnitRunner
 from tests.oracle import brute_force, tiny_instances
 
 MEAN = (Objective.MEAN_LATENCY, Objective.MEAN_TTFT)
@@ -120,26 +126,49 @@ def test_kvbound_bound_lists_the_row():
     assert row.certified and row.found and row.value <= result.objective * (1 + TOL)
 
 
-def test_an_interrupt_during_the_windows_keeps_their_bound_and_a_schedule(monkeypatch):
+def _runners() -> list[UnitRunner]:
+    runners = [UnitRunner(workers=1), UnitRunner(workers=2)]
+    if importlib.util.find_spec("ray") is not None:
+        runners.append(UnitRunner("ray", 2))
+    return runners
+
+
+def test_windows_solved_here_on_every_core_and_on_ray_give_one_bound():
+    # the windows are independent units: in this process, on a pool of 2 and on a local Ray of 2 workers
+    # each is proven, so the row is the same sum of optima whichever ran them
     inst = load_case(str(CASE))
-    from kvbound.solvers import driver
-    from kvbound.solvers.ledger import Ledger
-    real, calls = Ledger.run, []
+    rows = []
+    for runner in _runners():
+        result = driver.solve_with(inst, SolveOptions("mean_latency", time_limit=60, units=runner))
+        row = next(b for b in result.bounds if b.name == NAME)
+        assert result.status == "optimal" and row.details["proven"] == row.details["solved"] == row.details["windows"]
+        rows.append(row.value)
+    assert len(rows) >= 2 and max(rows) - min(rows) <= 1e-9 * rows[0]
+    assert abs(rows[0] - _oracle_sum_over_windows(inst, result.schedule, Objective.MEAN_LATENCY)) <= 1e-9 * rows[0]
 
-    def first_window_then_interrupt(ledger, phases):
-        real(ledger, phases)
-        if "[busy period]" in ledger.instance.name:
-            calls.append(len(ledger.instance))
-            interrupt.request()
 
-    monkeypatch.setattr(Ledger, "run", first_window_then_interrupt)
+@pytest.mark.parametrize("workers", [1, 2])
+def test_an_interrupt_during_the_windows_keeps_their_bound_and_a_schedule(monkeypatch, workers):
+    inst = load_case(str(CASE))
+    real, rows = Ledger.certify, []
+
+    def interrupt_after_the_first_window(ledger, bound):
+        kept = real(ledger, bound)
+        if bound.name == NAME and "[busy period]" not in ledger.instance.name:
+            rows.append(bound.details["solved"])
+            if bound.details["solved"] == 1:
+                interrupt.request()
+        return kept
+
+    monkeypatch.setattr(Ledger, "certify", interrupt_after_the_first_window)
     try:
-        result = driver.solve_with(inst, SolveOptions("mean_latency", time_limit=30))
+        result = driver.solve_with(inst, SolveOptions("mean_latency", time_limit=30, units=UnitRunner(workers=workers)))
     finally:
         interrupt.reset()
-    assert calls == [1]  # the smallest window first, and no other after the interrupt
     row = next(b for b in result.bounds if b.name == NAME)
-    assert row.details["solved"] == 1
+    windows = row.details["windows"]
+    assert windows >= POOL_FROM and rows[0] == 1  # the bound as each window ends, on a pool too
+    assert 1 <= row.details["solved"] <= workers < windows  # none started after the interrupt
     alone = time_alone(inst, Objective.MEAN_LATENCY)
     assert alone.sum() / len(inst) <= row.value * (1 + TOL)
     assert row.value <= _oracle_sum_over_windows(inst, result.schedule, Objective.MEAN_LATENCY) * (1 + TOL)

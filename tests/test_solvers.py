@@ -317,6 +317,22 @@ def test_warm_start_from_one_named_heuristic(name):
     assert res.stats["warm_start_accepted"] is True
 
 
+def test_a_solve_whose_bounds_took_the_time_still_makes_one_schedule_and_no_more():
+    # 1,000 requests at a 1-s limit: the analytic bounds took 1.05 s and no schedule came back; the first
+    # heuristic now runs within half of what the promise allows past the limit, the others do not
+    from kvbound.solvers.ledger import Ledger
+    from kvbound.solvers.phases.heuristics import Heuristics
+
+    deadline = Deadline(0.01)
+    ledger = Ledger(IDLE_GAP, SolveOptions(Objective.MEAN_LATENCY), deadline)
+    time.sleep(0.02)
+    assert deadline.expired()
+    Heuristics().run(ledger)
+    assert [seed.name for seed in ledger.seeds] == [FAST_HEURISTICS[0]]
+    validate(IDLE_GAP, ledger.seeds[0].schedule)
+    assert deadline.with_grace().at == pytest.approx(deadline.at + 1.0)  # half of max(2 s, 10%)
+
+
 def test_cpsat_keeps_a_hint_it_is_forced_to():
     # fixing every variable to the hint leaves CP-SAT exactly one point: it must be feasible there
     sched = run_scheduler(PREFILL_LIMIT, "sarathi").schedule

@@ -55,7 +55,7 @@ def _common(p, solver_help: str | None = None) -> None:
     add_time_limit(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     add_backend(p, solver_help)
-    add_units(p, "where a bound's independent blocks are priced")
+    add_units(p, "where independent units run (a bound's blocks, the busy periods' windows)")
 
 
 def _warm(text: str):

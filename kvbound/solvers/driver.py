@@ -47,7 +47,8 @@ def solve_with(instance, options: SolveOptions, deadline: Deadline | None = None
         # a shift of every arrival changes no latency, but a model's horizon counts batches from 0
         return _shifted_back(solve_with(instance.from_zero(), options, deadline), instance, shift)
     ledger = Ledger(instance, options, deadline)
-    ledger.run(PLAN)
+    with options.units.session():  # one Ray (where named) for every phase's units
+        ledger.run(PLAN)
     with interrupt.deferred():  # what is known is reported, whatever comes now
         return ledger.result(ledger.backend or solver)
 

@@ -8,9 +8,12 @@ part of it, is a schedule of those requests alone in which none of them ends lat
 bounds add up to a certified bound on the whole, and the windows' best schedules, one after another,
 are a schedule of the whole, as good as the sum where no window's schedule runs into the next one's
 arrivals. Each window starts from the whole's best schedule restricted to it; a window the time or an
-interrupt leaves unsolved counts its requests alone.
+interrupt leaves unsolved counts its requests alone. The windows are independent units: they run on
+every core by default, or on Ray (`SolveOptions.units`), and the bound grows as each one ends.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -18,13 +21,18 @@ from ... import interrupt, progress
 from ...alone import time_alone
 from ...bounds.base import Bound
 from ...constraints import Constraints
+from ...deadline import Deadline
+from ...interrupt import Stopped
 from ...schedule import Batch, Schedule, validate
+from ...units import UnitRunner
 from ...workload import Instance
 
 #: the share of the time left the windows take together (the whole instance's route gets the rest)
 SHARE = 0.5
 #: the bound's row
 NAME = "busy periods: each window of arrivals solved alone"
+#: fewer windows than this are solved in this process (a pool costs more than they gain)
+POOL_FROM = 4
 
 
 def busy_windows(arrivals: np.ndarray, completion: np.ndarray) -> list[np.ndarray]:
@@ -89,6 +97,40 @@ def one_after_another(instance: Instance, parts: list[tuple[np.ndarray, Schedule
     return Schedule(instance.requests, batches)
 
 
+@dataclass(frozen=True)
+class WindowJob:
+    """What a unit that solves one window gets: its instance, the schedule it starts from, the options and
+    phases of the solve, and its seconds (made as it starts: `BusyPeriods.run`)."""
+
+    instance: Instance
+    start: Schedule
+    options: object  # SolveOptions
+    phases: tuple
+    seconds: float
+
+
+@dataclass(frozen=True)
+class WindowAnswer:
+    """A window's certified bound on its mean, its best schedule where it beats the start (else None),
+    and whether it is proven."""
+
+    lower: float
+    schedule: Schedule | None
+    proven: bool
+
+
+def solve_window(job: WindowJob) -> WindowAnswer:
+    """One window by the plan on a ledger of its own (a unit: here, on a worker or on Ray)."""
+    from ..ledger import Ledger
+
+    sub = Ledger(job.instance, job.options, Deadline(job.seconds))
+    with progress.muted():
+        sub.offer(job.start, "the whole's best, restricted", seed=True)
+        start = sub.best
+        sub.run(job.phases)
+    return WindowAnswer(sub.lower, sub.best_schedule if sub.best is not start else None, sub.proven)
+
+
 class BusyPeriods:
     name = "busy periods"
 
@@ -99,8 +141,6 @@ class BusyPeriods:
                 and not ledger.proven and not ledger.deadline.expired() and interrupt.requested() is None)
 
     def run(self, ledger) -> None:
-        from ..ledger import Ledger
-
         instance, objective, whole = ledger.instance, ledger.objective, ledger.best_schedule
         deadline = ledger.deadline.share(SHARE)
         with deadline.enforced():  # on the full Splitwise trace this part alone takes seconds
@@ -116,34 +156,55 @@ class BusyPeriods:
             sums = [float(alone[members].sum()) for members in windows]
         options = ledger.options.but(every_bound=False, verbose=False)
         parts = [(members, schedule, shift) for members, schedule, (_, shift) in zip(windows, schedules, cut)]
-        solved = proven = improved = 0
-        n_left = len(instance)
         # the smallest first: they are proven soonest and leave their time to the larger ones
-        for k in sorted(range(len(windows)), key=lambda k: len(windows[k])):
-            if interrupt.requested() is not None or deadline.expired():
-                break
-            members, schedule, shift = parts[k]
-            progress.report(phase=f"{self.name} {solved + 1}/{len(windows)}")
-            sub = Ledger(cut[k][0], options, deadline.share(len(members) / n_left))
-            n_left -= len(members)
-            with progress.muted():
-                sub.offer(schedule, "the whole's best, restricted", seed=True)
-                start = sub.best
-                sub.run(ledger.phases)
-            sums[k] = max(sums[k], sub.lower * len(members))
-            if sub.best is not start:
-                parts[k] = (members, sub.best_schedule, shift)
-                improved += 1
-            solved, proven = solved + 1, proven + sub.proven
-        with interrupt.deferred():  # what the windows gave is kept, whatever comes now
-            if improved:
-                ledger.offer(one_after_another(instance, parts), self.name)
-            largest = max(len(w) for w in windows)
+        order = sorted(range(len(windows)), key=lambda k: len(windows[k]))
+        runner = ledger.options.units if len(windows) >= POOL_FROM else UnitRunner(workers=1)
+        at_once = runner.count(len(windows))
+        unstarted = len(instance)  # the requests of the windows not yet started
+
+        def job(k: int, _rounds: int) -> WindowJob:
+            # a window's share of the time left: its requests over those of the windows not yet started,
+            # times the windows that run at once
+            nonlocal unstarted
+            size = len(windows[k])
+            seconds = deadline.remaining() * min(1.0, at_once * size / unstarted)
+            unstarted -= size
+            return WindowJob(cut[k][0], parts[k][1], options, ledger.phases, seconds)
+
+        solved = proven = improved = 0
+        largest = max(len(w) for w in windows)
+
+        def certify() -> None:
             ledger.certify(Bound(NAME, sum(sums) / len(instance), deadline.elapsed(),
                                  note=f"{len(windows)} windows (the largest {largest} requests); "
                                       f"{solved} solved, {proven} of them proven",
                                  details={"windows": len(windows), "largest": largest, "solved": solved,
                                           "proven": proven, "improved": improved}))
+
+        progress.report(phase=f"{self.name} 0/{len(windows)}")
+        answers = runner.run(solve_window, order, start=job)
+        try:
+            for position, answer in answers:
+                k = order[position]
+                members = windows[k]
+                sums[k] = max(sums[k], answer.lower * len(members))
+                if answer.schedule is not None:
+                    parts[k] = (members, answer.schedule, parts[k][2])
+                    improved += 1
+                solved, proven = solved + 1, proven + answer.proven
+                with interrupt.deferred():
+                    certify()  # the bound as it grows: every window not yet solved counts its requests alone
+                progress.report(phase=f"{self.name} {solved}/{len(windows)}")
+                if deadline.expired():
+                    break
+        except Stopped:  # an interrupt: the windows solved so far stand
+            pass
+        finally:
+            answers.close()  # what has not run is cancelled, what runs is stopped
+        with interrupt.deferred():  # what the windows gave is kept, whatever comes now
+            if improved:
+                ledger.offer(one_after_another(instance, parts), self.name)
+            certify()
 
 
 def schedule_instance(schedule: Schedule, like: Instance) -> Instance:
