@@ -34,6 +34,7 @@ from kvbound.objective import Objective
 from kvbound.solvers import driver, lower_bounds, solve
 from kvbound.solvers.ledger import Ledger
 from kvbound.solvers.options import SolveOptions
+from kvbound.solvers.phases import periods
 from kvbound.solvers.phases.periods import (NAME, POOL_FROM, busy_windows, one_after_another, restricted,
                                             window_instance)
 from kvbound.units import UnitRunner
@@ -161,6 +162,14 @@ def test_an_interrupt_during_the_windows_keeps_their_bound_and_a_schedule(monkey
         return kept
 
     monkeypatch.setattr(Ledger, "certify", interrupt_after_the_first_window)
+    sizes, solve_window = [], periods.solve_window
+    if workers == 1:  # in this process the windows' order is seen: the smallest first
+
+        def recording(job):
+            sizes.append(len(job.instance))
+            return solve_window(job)
+
+        monkeypatch.setattr(periods, "solve_window", recording)
     try:
         result = driver.solve_with(inst, SolveOptions("mean_latency", time_limit=30, units=UnitRunner(workers=workers)))
     finally:
@@ -169,6 +178,7 @@ def test_an_interrupt_during_the_windows_keeps_their_bound_and_a_schedule(monkey
     windows = row.details["windows"]
     assert windows >= POOL_FROM and rows[0] == 1  # the bound as each window ends, on a pool too
     assert 1 <= row.details["solved"] <= workers < windows  # none started after the interrupt
+    assert sizes == ([1] if workers == 1 else [])
     alone = time_alone(inst, Objective.MEAN_LATENCY)
     assert alone.sum() / len(inst) <= row.value * (1 + TOL)
     assert row.value <= _oracle_sum_over_windows(inst, result.schedule, Objective.MEAN_LATENCY) * (1 + TOL)
