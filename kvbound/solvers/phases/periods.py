@@ -26,6 +26,7 @@ from ...interrupt import Stopped
 from ...schedule import Batch, Schedule, validate
 from ...units import UnitRunner
 from ...workload import Instance
+from ..options import SolveOptions
 
 #: the share of the time left the windows take together (the whole instance's route gets the rest)
 SHARE = 0.5
@@ -104,7 +105,7 @@ class WindowJob:
 
     instance: Instance
     start: Schedule
-    options: object  # SolveOptions
+    options: SolveOptions
     phases: tuple
     seconds: float
 
