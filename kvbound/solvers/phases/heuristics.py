@@ -3,14 +3,18 @@ ledger; and the route the solve takes from there."""
 from __future__ import annotations
 
 import math
+import time
+from dataclasses import dataclass
 
 from ... import interrupt, progress
 from ...bounds.base import Bound, meets
 from ...deadline import Deadline
 from ...errors import SchedulerRefused, SchedulerStuck
 from ...interrupt import Stopped
+from ...schedule import Metrics, Schedule
 from ...schedulers import run_scheduler
 from ...schedulers.serial import serial_schedule
+from ...workload import Instance
 from ..ledger import Candidate, Ledger
 from ..options import SolveOptions
 from ..route import route
@@ -19,6 +23,29 @@ from .periods import NAME as BUSY_PERIODS
 
 #: the part of the time the heuristics may use (they stop at it; a model gets the rest)
 HEURISTIC_SHARE = 0.5
+#: the heuristics left go to every core (or Ray) where, at the pace of the last one, they would take
+#: longer than this one after another (a pool's start and the instance's travel cost far less)
+POOL_FROM_SECONDS = 5.0
+
+
+@dataclass(frozen=True)
+class HeuristicJob:
+    """One heuristic on the instance, within `seconds` (a unit of `kvbound.units`)."""
+
+    instance: Instance
+    name: str
+    seconds: float
+
+
+def run_heuristic(job: HeuristicJob) -> tuple[Schedule, Metrics] | None:
+    """The heuristic's schedule and its replay; None where it refuses the instance, gets stuck, runs out
+    of time or is interrupted."""
+    try:
+        with Deadline(job.seconds).enforced():
+            result = run_scheduler(job.instance, job.name)
+    except (SchedulerRefused, SchedulerStuck, Stopped):
+        return None
+    return result.schedule, result.replay.metrics
 
 
 class Heuristics:
@@ -27,7 +54,9 @@ class Heuristics:
     HEURISTIC_SHARE of the time, but until one has made a schedule each may take the whole time limit
     and half of what the promise allows past it (`Deadline.with_grace`: where the analytic bounds took
     the time, 1,000 requests at a 1-s limit, a solve still returns a schedule), as a model needs a
-    schedule to derive its horizon from."""
+    schedule to derive its horizon from. Once one has, where the rest would take long here (a large
+    trace: seconds each), they run as units on every core or on Ray (`SolveOptions.units`) and are
+    offered in their order, whichever ends first."""
 
     name = "heuristics"
 
@@ -36,28 +65,60 @@ class Heuristics:
 
     def run(self, ledger) -> None:
         progress.report(phase=self.name)
-        instance, constraints = ledger.instance, ledger.constraints
         deadline = ledger.deadline.share(HEURISTIC_SHARE)
         first = ledger.deadline.with_grace()  # until some schedule exists
-        try:
-            for name in ledger.options.warm_start or ():
-                with (deadline if ledger.seeds else first).enforced():
-                    try:
-                        result = run_scheduler(instance, name)
-                    except (SchedulerRefused, SchedulerStuck):
-                        continue
-                    ledger.offer(result.schedule, name, result.replay.metrics, seed=True)
-        except Stopped:
-            pass
+        names = list(ledger.options.warm_start or ())
+        runner = ledger.options.units
+        for k, name in enumerate(names):
+            now = deadline if ledger.seeds else first
+            if now.expired():
+                break
+            started = time.monotonic()
+            _offer(ledger, name, run_heuristic(HeuristicJob(ledger.instance, name, now.remaining())))
+            rest = names[k + 1:]
+            if (ledger.seeds and rest and (time.monotonic() - started) * len(rest) >= POOL_FROM_SECONDS
+                    and runner.count(len(rest)) > 1):
+                _as_units(ledger, rest, deadline)
+                break
         serial_deadline = deadline if ledger.seeds or interrupt.requested() is not None else first
         try:
             with serial_deadline.enforced():
+                constraints = ledger.constraints
                 order = list(constraints.admission_order) if constraints.admission_order is not None else None
-                serial = serial_schedule(instance, order, chunked=not constraints.no_chunk)
+                serial = serial_schedule(ledger.instance, order, chunked=not constraints.no_chunk)
                 if serial is not None:
                     ledger.offer(serial, "serial", seed=True)
         except Stopped:
             pass
+
+
+def _offer(ledger: Ledger, name: str, answer: tuple[Schedule, Metrics] | None) -> None:
+    if answer is not None:
+        schedule, metrics = answer
+        ledger.offer(schedule, name, metrics, seed=True)
+
+
+def _as_units(ledger: Ledger, names: list[str], deadline: Deadline) -> None:
+    """`names` as units until `deadline`, each offered as soon as those before it in `names` are (the
+    same seeds, in the same order, as one after another)."""
+    finished: dict[int, tuple[Schedule, Metrics] | None] = {}
+    offered = 0
+    answers = ledger.options.units.run(
+        run_heuristic, names, start=lambda name, rounds: HeuristicJob(ledger.instance, name, deadline.remaining()))
+    try:
+        with deadline.enforced():
+            for k, answer in answers:
+                finished[k] = answer
+                with interrupt.deferred():  # an offer is not cut in half
+                    while offered in finished:
+                        _offer(ledger, names[offered], finished.pop(offered))
+                        offered += 1
+    except Stopped:
+        pass
+    finally:
+        answers.close()  # stops the units still running
+    for k in sorted(finished):  # those that ended after one cut short
+        _offer(ledger, names[k], finished[k])
 
 
 def heuristic_candidates(instance, options: SolveOptions) -> list[Candidate]:
