@@ -19,7 +19,7 @@ import pytest
 from kvbound import interrupt, load_case, validate
 from kvbound.deadline import Deadline
 from kvbound.objective import Objective
-from kvbound.schedulers import run_scheduler
+from kvbound.schedulers import FAST_HEURISTICS, run_scheduler
 from kvbound.solvers.ledger import Ledger
 from kvbound.solvers.options import SolveOptions
 from kvbound.solvers.phases import heuristics
@@ -42,10 +42,8 @@ def _runners() -> list[UnitRunner]:
     return runners
 
 
-def _run(instance, runner: UnitRunner, seconds: float | None, warm_start=None) -> Ledger:
-    options = SolveOptions(Objective.MEAN_LATENCY, units=runner)
-    if warm_start is not None:
-        options = SolveOptions(Objective.MEAN_LATENCY, units=runner, warm_start=warm_start)
+def _run(instance, runner: UnitRunner, seconds: float | None, warm_start=FAST_HEURISTICS) -> Ledger:
+    options = SolveOptions(Objective.MEAN_LATENCY, units=runner, warm_start=warm_start)
     ledger = Ledger(instance, options, Deadline(seconds))
     Heuristics().run(ledger)
     return ledger
