@@ -31,7 +31,9 @@ runs had left open (the session of 2026-11-28, twelfth):
 mean TTFT). The last open mean-latency case (the session of 2026-11-28, sixteenth):
 
     nice -n 19 python bench/ground_truth.py exact --limit 1200 --oracle-limit 0 --objectives mean_latency --redo --only gt_conv_r100_n10_s200_tight_arr
-    nice -n 19 python bench/ground_truth.py today --limit 120 --routes auto,bound --objectives mean_latency --redo --only gt_conv_r100_n10_s200_tight_arr HiGHS takes min(8, cpu_count) threads;
+    nice -n 19 python bench/ground_truth.py today --limit 120 --routes auto,bound --objectives mean_latency --redo --only gt_conv_r100_n10_s200_tight_arr
+
+HiGHS takes min(8, cpu_count) threads;
 pinning to one core is what makes them one core's worth.
 
 **The instances.** Real prompt and output lengths (prompts of 100s to 1,000s of tokens, outputs of
