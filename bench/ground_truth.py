@@ -32,6 +32,8 @@ mean TTFT). The last open mean-latency case (the session of 2026-11-28, sixteent
 
     nice -n 19 python bench/ground_truth.py exact --limit 1200 --oracle-limit 0 --objectives mean_latency --redo --only gt_conv_r100_n10_s200_tight_arr
     nice -n 19 python bench/ground_truth.py today --limit 120 --routes auto,bound --objectives mean_latency --redo --only gt_conv_r100_n10_s200_tight_arr
+    nice -n 19 python bench/ground_truth.py exact --limit 900 --oracle-limit 0 --objectives mean_ttft --redo --only gt_conv_r100_n10_s200_tight_arr
+    nice -n 19 python bench/ground_truth.py today --limit 120 --routes auto,bound --objectives mean_ttft --redo --only gt_conv_r100_n10_s200_tight_arr
 
 HiGHS takes min(8, cpu_count) threads;
 pinning to one core is what makes them one core's worth.
