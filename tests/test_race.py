@@ -9,15 +9,17 @@ import time
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from kvbound import Batch, Schedule, load_case, validate
+from kvbound import Batch, Instance, Request, Schedule, SystemConfig, load_case, validate
 from kvbound.backends import AUTO, BACKENDS, SOLVERS, chosen_backends
 from kvbound.backends.base import Exchange
 from kvbound.backends.highs import solve_highs
 from kvbound.backends.race import RACE_LIMIT
+from kvbound.bounds.base import meets
 from kvbound.constraints import Constraints
+from kvbound.costs.model import CostModel
 from kvbound.deadline import Deadline
 from kvbound.formulation import FORMULATION_KINDS
 from kvbound.objective import Objective
@@ -69,8 +71,14 @@ def test_auto_races_the_backends_that_say_they_race_on_small_models_only():
     assert [b.name for b in chosen_backends("cbc", 10, BACKENDS)] == ["cbc"]
 
 
+#: a draw of a CI run: HiGHS wins with a bound 1.2e-6 below the optimum 0.7 (its tolerance and kvbound's margin)
+TWO_ALIKE = Instance((Request(1, 1), Request(1, 1)), SystemConfig(2, 2, 2, 1),
+                     CostModel(intercept=0.5, per_token=0.1, decode_kv=0.25, prefill_kv=0.2))
+
+
 @settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
 @given(instance=tiny(), objective=st.sampled_from(OBJECTIVES))
+@example(instance=TWO_ALIKE, objective="mean_latency")
 def test_the_race_finds_the_oracles_optimum(instance, objective):
     # models kept small as for each backend's own oracle test (a proof in seconds)
     small_enough(instance, Objective.parse(objective), Constraints(), "chain", 16)
@@ -82,9 +90,12 @@ def test_the_race_finds_the_oracles_optimum(instance, objective):
     validate(instance, res.schedule)
     race = res.stats["race"]
     assert res.solver == race["winner"] and race["winner"] in ("highs", "cpsat")
-    # the winner proved it: its own bound meets the optimum (it may have been stopped holding a worse
-    # schedule, where the other racer found the optimum and its bound met it)
-    assert race[race["winner"]]["bound"] == pytest.approx(expected, rel=1e-6, abs=1e-12)
+    # the winner proved it: its own bound meets the optimum as `solve` defines meeting (it may have been
+    # stopped holding a worse schedule, where the other racer found the optimum and its bound met it).
+    # HiGHS's bounds carry its own tolerance and kvbound's margin below it (0.7 proved as 0.69999915: a CI
+    # run's draw), so "meets" is OPTIMAL_TOL's, and the bound is never above the optimum
+    winner_bound = race[race["winner"]]["bound"]
+    assert meets(expected, winner_bound) and winner_bound <= expected * (1 + 1e-9) + 1e-12
 
 
 def test_the_loser_stops_when_the_winner_proves(tmp_path):
