@@ -80,13 +80,13 @@ def main() -> None:
     parser.add_argument("--schedulers", default="sjf-mc,sjf-mc:prefill_limit=512,srpt:ratio=2")
     parser.add_argument("--chains", type=int, default=40)
     args = parser.parse_args()
-    window = largest_window(load_case(args.case))
+    whole = load_case(args.case)
+    window = largest_window(whole)
     print(f"window: {len(window)} requests over {float(np.max(window.arrivals)):.3f} s")
     for name in args.schedulers.split(","):
         print(name, shape(window, run_scheduler(window, name).schedule))
     result = solve(window, "mean_latency", time_limit=args.time_limit)
     print(f"solve: bound {result.lower_bound:.6g}", shape(window, result.schedule))
-    whole = load_case(args.case)
     alone = time_alone(whole, Objective.MEAN_LATENCY)
     spacing = whole.cost.intercept + whole.cost.per_token
     waits = least_waits(np.asarray(whole.arrivals, dtype=float), spacing, args.chains)
