@@ -19,11 +19,11 @@ import pytest
 from kvbound import interrupt, load_case, validate
 from kvbound.deadline import Deadline
 from kvbound.objective import Objective
-from kvbound.schedulers import FAST_HEURISTICS, run_scheduler
+from kvbound.schedulers import FAST_HEURISTICS, SMALL_FIRST, run_scheduler
 from kvbound.solvers.ledger import Ledger
 from kvbound.solvers.options import SolveOptions
 from kvbound.solvers.phases import heuristics
-from kvbound.solvers.phases.heuristics import HEURISTIC_SHARE, Heuristics
+from kvbound.solvers.phases.heuristics import HEURISTIC_SHARE, Heuristics, favoured_first
 from kvbound.units import UnitRunner
 
 CASE = Path(__file__).resolve().parents[1] / "cases" / "sample200.toml"
@@ -100,7 +100,8 @@ def test_a_unit_past_the_share_of_the_time_is_stopped_and_the_others_kept(monkey
     assert handed and took <= HEURISTIC_SHARE * limit + 1.5
     made = [seed.name for seed in ledger.seeds]
     assert SLOW not in made and {"sarathi-pc", "sjf-mc", "mcsf-pc"} <= set(made)
-    assert made == [name for name in names + ("serial",) if name in made]  # in the list's order
+    ran = [names[0], *favoured_first(list(names[1:]), Objective.MEAN_LATENCY), "serial"]
+    assert made == [name for name in ran if name in made]  # in the phase's order
 
 
 def test_an_interrupt_while_the_units_run_ends_the_phase_at_once(monkeypatch, instance):
@@ -120,3 +121,29 @@ def test_an_interrupt_while_the_units_run_ends_the_phase_at_once(monkeypatch, in
     # the serial schedule is not made after an interrupt; sjf-mc ended beside the sleeper and is kept
     assert [seed.name for seed in ledger.seeds] == ["sarathi-pc", "sjf-mc"]
     assert ledger.seeds[1].value == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("objective", list(Objective))
+def test_once_a_schedule_exists_the_mean_objectives_run_the_small_first_heuristics_next(monkeypatch, instance, objective):
+    # on a long trace the share of the time ends before the list does: for a mean objective the heuristics
+    # that serve small requests first must have run by then; the first schedule still comes from the list's
+    # own order (its cheap ones lead it), and total latency keeps the list's order
+    ran = []
+    real = heuristics.run_heuristic
+
+    def recording(job):
+        ran.append(job.name)
+        return real(job)
+
+    monkeypatch.setattr(heuristics, "run_heuristic", recording)
+    monkeypatch.setattr(heuristics, "POOL_FROM_SECONDS", float("inf"))
+    names = ("vllm-hy", "sarathi-pc", "evict-short", *reversed(SMALL_FIRST), "sarathi")
+    ledger = Ledger(instance, SolveOptions(objective, warm_start=names), Deadline(None))
+    Heuristics().run(ledger)
+    until = names.index(ledger.seeds[0].name) + 1  # the heuristics run until the first schedule
+    assert until <= 2 and ran[:until] == list(names[:until])
+    later = names[until:]
+    if objective.is_mean:
+        assert ran[until:] == [*SMALL_FIRST, *(n for n in later if n not in SMALL_FIRST)]
+    else:
+        assert ran[until:] == list(later)

@@ -12,7 +12,8 @@ from ...deadline import Deadline
 from ...errors import SchedulerRefused, SchedulerStuck
 from ...interrupt import Stopped
 from ...schedule import Metrics, Schedule
-from ...schedulers import run_scheduler
+from ...objective import Objective
+from ...schedulers import SMALL_FIRST, run_scheduler
 from ...schedulers.serial import serial_schedule
 from ...workload import Instance
 from ..ledger import Candidate, Ledger
@@ -54,9 +55,11 @@ class Heuristics:
     HEURISTIC_SHARE of the time, but until one has made a schedule each may take the whole time limit
     and half of what the promise allows past it (`Deadline.with_grace`: where the analytic bounds took
     the time, 1,000 requests at a 1-s limit, a solve still returns a schedule), as a model needs a
-    schedule to derive its horizon from. Once one has, where the rest would take long here (a large
-    trace: seconds each), they run as units on every core or on Ray (`SolveOptions.units`) and are
-    offered in their order, whichever ends first."""
+    schedule to derive its horizon from, so until then they run in the list's order (cheap ones lead
+    it). Once one has, for the mean objectives those that serve small requests first come next
+    (`favoured_first`), and where the rest would take long here (a large trace: seconds each), they run
+    as units on every core or on Ray (`SolveOptions.units`) and are offered in their order, whichever
+    ends first."""
 
     name = "heuristics"
 
@@ -69,13 +72,17 @@ class Heuristics:
         first = ledger.deadline.with_grace()  # until some schedule exists
         names = list(ledger.options.warm_start or ())
         runner = ledger.options.units
-        for k, name in enumerate(names):
+        k = 0
+        while k < len(names):
             now = deadline if ledger.seeds else first
             if now.expired():
                 break
-            started = time.monotonic()
-            _offer(ledger, name, run_heuristic(HeuristicJob(ledger.instance, name, now.remaining())))
-            rest = names[k + 1:]
+            started, had_one = time.monotonic(), bool(ledger.seeds)
+            _offer(ledger, names[k], run_heuristic(HeuristicJob(ledger.instance, names[k], now.remaining())))
+            k += 1
+            if ledger.seeds and not had_one:  # the first schedule: the rest in the objective's order
+                names[k:] = favoured_first(names[k:], ledger.objective)
+            rest = names[k:]
             if (ledger.seeds and rest and (time.monotonic() - started) * len(rest) >= POOL_FROM_SECONDS
                     and runner.count(len(rest)) > 1):
                 _as_units(ledger, rest, deadline)
@@ -90,6 +97,14 @@ class Heuristics:
                     ledger.offer(serial, "serial", seed=True)
         except Stopped:
             pass
+
+
+def favoured_first(names: list[str], objective: Objective) -> list[str]:
+    """`names` with, for the mean objectives, those of SMALL_FIRST first in its order, then the others in
+    theirs: on a long trace the share of the time may end before the list does."""
+    if not objective.is_mean:
+        return list(names)
+    return [n for n in SMALL_FIRST if n in names] + [n for n in names if n not in SMALL_FIRST]
 
 
 def _offer(ledger: Ledger, name: str, answer: tuple[Schedule, Metrics] | None) -> None:
