@@ -6,6 +6,8 @@ the first schedule run on every core or on Ray.
 * A heuristic that would run past the heuristics' share of the time is stopped at it: the phase ends
   within the share and keeps the others' schedules.
 * An interrupt while the units run ends the phase at once with the schedules already made.
+* The first schedule comes in the list's order; from then on a mean objective runs the heuristics that
+  serve small requests first (`SMALL_FIRST`) before the rest, and total latency keeps the list's order.
 """
 from __future__ import annotations
 
